@@ -1,0 +1,19 @@
+// The CPU module: registrations() returns {target name: handler capsule} for platform "cpu".
+#include <nanobind/nanobind.h>
+
+#include "common/registration.h"
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHbarXCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHCpu);
+
+namespace nb = nanobind;
+
+
+NB_MODULE(_jax_ops_cpu, m) {
+  m.def("registrations", []() {
+    nb::dict targets;
+    targets["jax_ops_lsmr_hbar_x"] = jax_ops::HandlerCapsule(JaxOpsLsmrHbarXCpu);
+    targets["jax_ops_lsmr_h"] = jax_ops::HandlerCapsule(JaxOpsLsmrHCpu);
+    return targets;
+  });
+}

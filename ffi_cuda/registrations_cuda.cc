@@ -1,0 +1,22 @@
+// The CUDA module: registrations() returns {target name: handler capsule} for platform "CUDA". Imported only
+// when JAX has a CUDA backend (it links cuBLASLt and cuSPARSE).
+#include <nanobind/nanobind.h>
+
+#include "common/registration.h"
+
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHbarXCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsRuntimeInfoCuda);
+
+namespace nb = nanobind;
+
+
+NB_MODULE(_jax_ops_cuda, m) {
+  m.def("registrations", []() {
+    nb::dict targets;
+    targets["jax_ops_lsmr_hbar_x"] = jax_ops::HandlerCapsule(JaxOpsLsmrHbarXCuda);
+    targets["jax_ops_lsmr_h"] = jax_ops::HandlerCapsule(JaxOpsLsmrHCuda);
+    targets["jax_ops_runtime_info"] = jax_ops::HandlerCapsule(JaxOpsRuntimeInfoCuda);
+    return targets;
+  });
+}

@@ -1,0 +1,11 @@
+"""jax_ops: hand-tuned CUDA kernels for JAX as XLA FFI custom calls, with CPU twins.
+
+Importing this package loads nothing native; targets are registered on the first op call.
+"""
+
+from jax_ops import lsmr_kernels
+from jax_ops._ffi import has_cuda_build, runtime_info
+
+__version__ = "0.1.0"
+
+__all__ = ["has_cuda_build", "lsmr_kernels", "runtime_info"]
