@@ -13,15 +13,19 @@ ffi::Error RunOnHost(const ffi::AnyBuffer* const (&ins)[Update::kIn], ffi::AnyBu
   return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(
       ins[0]->element_type(), vector_names[0], [&](auto tag) -> ffi::Error {
         using T = ffi::NativeType<decltype(tag)::value>;
+        const T* in_ptr[Update::kIn];
+        T* out_ptr[Update::kOut];
+        for (int k = 0; k < Update::kIn; ++k) in_ptr[k] = static_cast<const T*>(ins[k]->untyped_data());
+        for (int k = 0; k < Update::kOut; ++k) out_ptr[k] = static_cast<T*>(outs[k]->untyped_data());
         for (int64_t r = 0; r < shape->rows; ++r) {
           T c[Update::kCoef];
           for (int k = 0; k < Update::kCoef; ++k) c[k] = static_cast<const T*>(coefs[k]->untyped_data())[r];
           const int64_t base = r * shape->n;
-          for (int64_t i = 0; i < shape->n; ++i) {
+          for (int64_t i = base; i < base + shape->n; ++i) {
             T in[Update::kIn], out[Update::kOut];
-            for (int k = 0; k < Update::kIn; ++k) in[k] = static_cast<const T*>(ins[k]->untyped_data())[base + i];
+            for (int k = 0; k < Update::kIn; ++k) in[k] = in_ptr[k][i];
             Update::Apply(c, in, out);
-            for (int k = 0; k < Update::kOut; ++k) static_cast<T*>(outs[k]->untyped_data())[base + i] = out[k];
+            for (int k = 0; k < Update::kOut; ++k) out_ptr[k][i] = out[k];
           }
         }
         return ffi::Error::Success();

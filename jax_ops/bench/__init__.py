@@ -1,0 +1,45 @@
+"""Benchmarks: ``python -m jax_ops.bench <suite> [--quick] [--json F] [--plot F]``.
+
+Every suite module exposes ``run(ctx: Context) -> list[dict]``: one dict per (case, implementation) with at
+least ``case``, ``impl`` and ``time_us`` (None when skipped, with a ``note``); anchors are timed in the same
+process. See ``harness.py`` for the timing method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+from jax_ops.bench.harness import Ceilings, Progress, compiled_temp_bytes, measure_ceilings, time_call, time_loop
+
+# suite name -> module with run(ctx)
+SUITES = {
+    "recurrence": "jax_ops.bench.recurrence",
+}
+
+
+@dataclasses.dataclass
+class Context:
+    quick: bool
+    ceilings: Ceilings
+
+    def progress(self, total: int, label: str) -> Progress:
+        return Progress(total, label)
+
+
+def run_suite(name: str, ctx: Context) -> list[dict]:
+    rows = importlib.import_module(SUITES[name]).run(ctx)
+    for row in rows:
+        row.setdefault("suite", name)
+    return rows
+
+
+__all__ = [
+    "SUITES",
+    "Context",
+    "compiled_temp_bytes",
+    "measure_ceilings",
+    "run_suite",
+    "time_call",
+    "time_loop",
+]
