@@ -8,7 +8,6 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHCpu);
 
 namespace nb = nanobind;
 
-
 NB_MODULE(_jax_ops_cpu, m) {
   m.def("registrations", []() {
     nb::dict targets;

@@ -10,7 +10,6 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsRuntimeInfoCuda);
 
 namespace nb = nanobind;
 
-
 NB_MODULE(_jax_ops_cuda, m) {
   m.def("registrations", []() {
     nb::dict targets;

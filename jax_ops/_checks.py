@@ -18,7 +18,9 @@ def check_implementation(implementation: str | None, allowed: Iterable[str | Non
         raise ValueError(f"implementation must be one of {allowed}, got {implementation!r}")
 
 
-def check_array(name: str, value, *, dtypes: Iterable[np.dtype] | None = None, min_rank: int = 0) -> jax.Array:
+def check_array(
+    name: str, value, *, dtypes: Iterable[np.dtype] | None = None, min_rank: int = 0
+) -> jax.Array:
     """``value`` as an array; raises TypeError for a non-array or a dtype outside ``dtypes``."""
     if not hasattr(value, "shape") or not hasattr(value, "dtype"):
         raise TypeError(f"{name} must be an array, got {type(value).__name__}")
@@ -36,9 +38,13 @@ def check_array(name: str, value, *, dtypes: Iterable[np.dtype] | None = None, m
 def check_same_shape_dtype(ref_name: str, ref, **others) -> None:
     for name, value in others.items():
         if tuple(value.shape) != tuple(ref.shape):
-            raise ValueError(f"{name} has shape {tuple(value.shape)} but {ref_name} has shape {tuple(ref.shape)}")
+            raise ValueError(
+                f"{name} has shape {tuple(value.shape)} but {ref_name} has shape {tuple(ref.shape)}"
+            )
         if np.dtype(value.dtype) != np.dtype(ref.dtype):
-            raise TypeError(f"{name} has dtype {np.dtype(value.dtype)} but {ref_name} has dtype {np.dtype(ref.dtype)}")
+            raise TypeError(
+                f"{name} has dtype {np.dtype(value.dtype)} but {ref_name} has dtype {np.dtype(ref.dtype)}"
+            )
 
 
 def warn_once(key: str, message: str) -> None:

@@ -43,9 +43,14 @@ def _preload_cuda_libraries() -> None:
     if spec is None or not spec.submodule_search_locations:
         return
     for root in spec.submodule_search_locations:
-        for pattern in ("cu13/lib/libcublasLt.so.*", "cu13/lib/libcusparse.so.*", "cublas/lib/libcublasLt.so.*",
-                        "cusparse/lib/libcusparse.so.*", "nvjitlink/lib/libnvJitLink.so.*",
-                        "cu13/lib/libnvJitLink.so.*"):
+        for pattern in (
+            "cu13/lib/libcublasLt.so.*",
+            "cu13/lib/libcusparse.so.*",
+            "cublas/lib/libcublasLt.so.*",
+            "cusparse/lib/libcusparse.so.*",
+            "nvjitlink/lib/libnvJitLink.so.*",
+            "cu13/lib/libnvJitLink.so.*",
+        ):
             for path in sorted(glob.glob(os.path.join(root, pattern))):
                 try:
                     ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
@@ -122,7 +127,7 @@ def ffi_call(
     return call(*args, **attributes)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def runtime_info() -> dict[str, int] | None:
     """Device and library versions reported by the CUDA module (None without a CUDA backend).
 
@@ -134,6 +139,14 @@ def runtime_info() -> dict[str, int] | None:
 
     with jax.default_device(jax.devices("cuda")[0]):
         out = jax.jit(lambda: ffi_call("jax_ops_runtime_info", jax.ShapeDtypeStruct((8,), jnp.int32)))()
-    keys = ("device", "sm_count", "cc_major", "cc_minor", "cublaslt_version", "cusparse_version",
-            "cudart_version", "driver_version")
+    keys = (
+        "device",
+        "sm_count",
+        "cc_major",
+        "cc_minor",
+        "cublaslt_version",
+        "cusparse_version",
+        "cudart_version",
+        "driver_version",
+    )
     return dict(zip(keys, (int(v) for v in out)))

@@ -30,7 +30,9 @@ def _coefficient(name: str, c, vec: jax.Array) -> jax.Array:
     if np.dtype(c.dtype) != np.dtype(vec.dtype):
         raise TypeError(f"{name} must have the vectors' dtype {np.dtype(vec.dtype)}, got {np.dtype(c.dtype)}")
     if tuple(c.shape) not in ((), lead):
-        raise ValueError(f"{name} must be a scalar or have the vectors' leading shape {lead}, got {tuple(c.shape)}")
+        raise ValueError(
+            f"{name} must be a scalar or have the vectors' leading shape {lead}, got {tuple(c.shape)}"
+        )
     return jnp.broadcast_to(c, lead)
 
 
@@ -59,7 +61,9 @@ def hbar_x_update(h, hbar, x, c_h, c_x, *, implementation: str | None = None):
         return reference.lsmr_hbar_x_update(h, hbar, x, c_h, c_x)
     out = jax.ShapeDtypeStruct(h.shape, h.dtype)
     return tuple(
-        _ffi.ffi_call("jax_ops_lsmr_hbar_x", (out, out), h, hbar, x, c_h, c_x, input_output_aliases={1: 0, 2: 1})
+        _ffi.ffi_call(
+            "jax_ops_lsmr_hbar_x", (out, out), h, hbar, x, c_h, c_x, input_output_aliases={1: 0, 2: 1}
+        )
     )
 
 

@@ -11,15 +11,14 @@
 namespace jax_ops {
 
 inline ffi::Error CudaError(cudaError_t err, const char* expr, const char* where) {
-  return ffi::Error::Internal(std::string("CUDA error ") + cudaGetErrorName(err) + " (" +
-                              cudaGetErrorString(err) + ") from `" + expr + "` at " + where);
+  return ffi::Error::Internal(std::string("CUDA error ") + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
+                              ") from `" + expr + "` at " + where);
 }
 
-#define JAX_OPS_RETURN_IF_CUDA_ERROR(expr)                                                  \
-  do {                                                                                      \
-    cudaError_t jax_ops_cuda_err_ = (expr);                                                 \
-    if (jax_ops_cuda_err_ != cudaSuccess)                                                   \
-      return ::jax_ops::CudaError(jax_ops_cuda_err_, #expr, JAX_OPS_WHERE);                 \
+#define JAX_OPS_RETURN_IF_CUDA_ERROR(expr)                                                                      \
+  do {                                                                                                          \
+    cudaError_t jax_ops_cuda_err_ = (expr);                                                                     \
+    if (jax_ops_cuda_err_ != cudaSuccess) return ::jax_ops::CudaError(jax_ops_cuda_err_, #expr, JAX_OPS_WHERE); \
   } while (0)
 
 // After every kernel launch: configuration errors surface here (never synchronises).

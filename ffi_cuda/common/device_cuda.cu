@@ -52,8 +52,7 @@ ffi::ErrorOr<cublasLtHandle_t> CublasLtHandleFor(cudaStream_t /*stream*/) {
   if (it != pool.end()) return it->second;
   cublasLtHandle_t handle = nullptr;
   cublasStatus_t status = cublasLtCreate(&handle);
-  if (status != CUBLAS_STATUS_SUCCESS)
-    return ffi::Unexpected(CublasLtError(status, "cublasLtCreate", JAX_OPS_WHERE));
+  if (status != CUBLAS_STATUS_SUCCESS) return ffi::Unexpected(CublasLtError(status, "cublasLtCreate", JAX_OPS_WHERE));
   pool.emplace(device, handle);
   return handle;
 }
@@ -70,8 +69,7 @@ ffi::ErrorOr<cusparseHandle_t> CusparseHandleFor(cudaStream_t stream) {
   if (it != pool.end()) return it->second;
   cusparseHandle_t handle = nullptr;
   cusparseStatus_t status = cusparseCreate(&handle);
-  if (status != CUSPARSE_STATUS_SUCCESS)
-    return ffi::Unexpected(CusparseError(status, "cusparseCreate", JAX_OPS_WHERE));
+  if (status != CUSPARSE_STATUS_SUCCESS) return ffi::Unexpected(CusparseError(status, "cusparseCreate", JAX_OPS_WHERE));
   status = cusparseSetStream(handle, stream);
   if (status != CUSPARSE_STATUS_SUCCESS) {
     cusparseDestroy(handle);

@@ -19,33 +19,41 @@ namespace ffi = xla::ffi;
 #define JAX_OPS_WHERE __FILE__ ":" JAX_OPS_STRINGIFY(__LINE__)
 
 // Propagate a failed ffi::Error from a helper.
-#define JAX_OPS_RETURN_IF_ERROR(expr)              \
-  do {                                             \
-    ::xla::ffi::Error jax_ops_err_ = (expr);       \
+#define JAX_OPS_RETURN_IF_ERROR(expr)                 \
+  do {                                                \
+    ::xla::ffi::Error jax_ops_err_ = (expr);          \
     if (!jax_ops_err_.success()) return jax_ops_err_; \
   } while (0)
 
 // Return InvalidArgument("<file:line>: message") when `cond` is false. The message is streamed:
 // JAX_OPS_CHECK_ARG(a == b, "h has " << a << " elements, x has " << b);
-#define JAX_OPS_CHECK_ARG(cond, msg)                                                     \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      std::ostringstream jax_ops_os_;                                                    \
-      jax_ops_os_ << msg << " [" << JAX_OPS_WHERE << ": " #cond "]";                     \
-      return ::xla::ffi::Error::InvalidArgument(jax_ops_os_.str());                      \
-    }                                                                                    \
+#define JAX_OPS_CHECK_ARG(cond, msg)                                 \
+  do {                                                               \
+    if (!(cond)) {                                                   \
+      std::ostringstream jax_ops_os_;                                \
+      jax_ops_os_ << msg << " [" << JAX_OPS_WHERE << ": " #cond "]"; \
+      return ::xla::ffi::Error::InvalidArgument(jax_ops_os_.str());  \
+    }                                                                \
   } while (0)
 
 inline const char* DTypeName(ffi::DataType dt) {
   switch (dt) {
-    case ffi::DataType::F16: return "float16";
-    case ffi::DataType::BF16: return "bfloat16";
-    case ffi::DataType::F32: return "float32";
-    case ffi::DataType::F64: return "float64";
-    case ffi::DataType::S32: return "int32";
-    case ffi::DataType::S64: return "int64";
-    case ffi::DataType::PRED: return "bool";
-    default: return "unsupported dtype";
+    case ffi::DataType::F16:
+      return "float16";
+    case ffi::DataType::BF16:
+      return "bfloat16";
+    case ffi::DataType::F32:
+      return "float32";
+    case ffi::DataType::F64:
+      return "float64";
+    case ffi::DataType::S32:
+      return "int32";
+    case ffi::DataType::S64:
+      return "int64";
+    case ffi::DataType::PRED:
+      return "bool";
+    default:
+      return "unsupported dtype";
   }
 }
 
@@ -93,11 +101,10 @@ inline ffi::Error CheckSameShape(const ffi::AnyBuffer& a, std::string_view a_nam
   auto db = b.dimensions();
   bool same = da.size() == db.size();
   for (size_t i = 0; same && i < da.size(); ++i) same = da[i] == db[i];
-  JAX_OPS_CHECK_ARG(same, a_name << " has shape " << ShapeString(da) << " but " << b_name << " has shape "
-                                 << ShapeString(db));
-  JAX_OPS_CHECK_ARG(a.element_type() == b.element_type(), a_name << " is " << DTypeName(a.element_type())
-                                                                  << " but " << b_name << " is "
-                                                                  << DTypeName(b.element_type()));
+  JAX_OPS_CHECK_ARG(
+      same, a_name << " has shape " << ShapeString(da) << " but " << b_name << " has shape " << ShapeString(db));
+  JAX_OPS_CHECK_ARG(a.element_type() == b.element_type(), a_name << " is " << DTypeName(a.element_type()) << " but "
+                                                                 << b_name << " is " << DTypeName(b.element_type()));
   return ffi::Error::Success();
 }
 

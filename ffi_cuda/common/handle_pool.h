@@ -13,18 +13,18 @@ namespace jax_ops {
 ffi::Error CublasLtError(cublasStatus_t status, const char* expr, const char* where);
 ffi::Error CusparseError(cusparseStatus_t status, const char* expr, const char* where);
 
-#define JAX_OPS_RETURN_IF_CUBLAS_ERROR(expr)                                               \
-  do {                                                                                     \
-    cublasStatus_t jax_ops_status_ = (expr);                                               \
-    if (jax_ops_status_ != CUBLAS_STATUS_SUCCESS)                                          \
-      return ::jax_ops::CublasLtError(jax_ops_status_, #expr, JAX_OPS_WHERE);              \
+#define JAX_OPS_RETURN_IF_CUBLAS_ERROR(expr)                                  \
+  do {                                                                        \
+    cublasStatus_t jax_ops_status_ = (expr);                                  \
+    if (jax_ops_status_ != CUBLAS_STATUS_SUCCESS)                             \
+      return ::jax_ops::CublasLtError(jax_ops_status_, #expr, JAX_OPS_WHERE); \
   } while (0)
 
-#define JAX_OPS_RETURN_IF_CUSPARSE_ERROR(expr)                                             \
-  do {                                                                                     \
-    cusparseStatus_t jax_ops_status_ = (expr);                                             \
-    if (jax_ops_status_ != CUSPARSE_STATUS_SUCCESS)                                        \
-      return ::jax_ops::CusparseError(jax_ops_status_, #expr, JAX_OPS_WHERE);              \
+#define JAX_OPS_RETURN_IF_CUSPARSE_ERROR(expr)                                \
+  do {                                                                        \
+    cusparseStatus_t jax_ops_status_ = (expr);                                \
+    if (jax_ops_status_ != CUSPARSE_STATUS_SUCCESS)                           \
+      return ::jax_ops::CusparseError(jax_ops_status_, #expr, JAX_OPS_WHERE); \
   } while (0)
 
 // The cuBLASLt handle for the current device (the stream is passed to each cublasLtMatmul call).

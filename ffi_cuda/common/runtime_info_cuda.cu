@@ -13,7 +13,8 @@ constexpr int kInfoFields = 8;
 using InfoBuffer = ffi::Buffer<ffi::DataType::S32, 1>;
 
 ffi::Error RuntimeInfoCuda(cudaStream_t stream, ffi::Result<InfoBuffer> out) {
-  JAX_OPS_CHECK_ARG(out->element_count() == kInfoFields, "runtime_info output must have " << kInfoFields << " elements");
+  JAX_OPS_CHECK_ARG(out->element_count() == kInfoFields,
+                    "runtime_info output must have " << kInfoFields << " elements");
   auto props = CurrentDeviceProps();
   if (props.has_error()) return props.error();
   auto lt = CublasLtHandleFor(stream);
@@ -35,8 +36,7 @@ ffi::Error RuntimeInfoCuda(cudaStream_t stream, ffi::Result<InfoBuffer> out) {
   info[5] = cusparse_version;
   info[6] = runtime_version;
   info[7] = driver_version;
-  JAX_OPS_RETURN_IF_CUDA_ERROR(
-      cudaMemcpyAsync(out->typed_data(), info, sizeof(info), cudaMemcpyHostToDevice, stream));
+  JAX_OPS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(out->typed_data(), info, sizeof(info), cudaMemcpyHostToDevice, stream));
   // The copy from pageable memory is staged before cudaMemcpyAsync returns, so `info` may be reused.
   return ffi::Error::Success();
 }
@@ -44,7 +44,6 @@ ffi::Error RuntimeInfoCuda(cudaStream_t stream, ffi::Result<InfoBuffer> out) {
 }  // namespace
 }  // namespace jax_ops
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsRuntimeInfoCuda, jax_ops::RuntimeInfoCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Ret<jax_ops::InfoBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxOpsRuntimeInfoCuda, jax_ops::RuntimeInfoCuda,
+    xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>().Ret<jax_ops::InfoBuffer>());

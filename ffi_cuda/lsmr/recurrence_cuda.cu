@@ -29,9 +29,8 @@ ffi::Error RunOnDevice(cudaStream_t stream, const ffi::AnyBuffer* const (&ins)[U
       });
 }
 
-ffi::Error HbarXCuda(cudaStream_t stream, ffi::AnyBuffer h, ffi::AnyBuffer hbar, ffi::AnyBuffer x,
-                     ffi::AnyBuffer c_h, ffi::AnyBuffer c_x, ffi::Result<ffi::AnyBuffer> hbar_out,
-                     ffi::Result<ffi::AnyBuffer> x_out) {
+ffi::Error HbarXCuda(cudaStream_t stream, ffi::AnyBuffer h, ffi::AnyBuffer hbar, ffi::AnyBuffer x, ffi::AnyBuffer c_h,
+                     ffi::AnyBuffer c_x, ffi::Result<ffi::AnyBuffer> hbar_out, ffi::Result<ffi::AnyBuffer> x_out) {
   return RunOnDevice<HbarXUpdate>(stream, {&h, &hbar, &x}, {&*hbar_out, &*x_out}, {&c_h, &c_x},
                                   {&h, &hbar, &x, &*hbar_out, &*x_out}, {"h", "hbar", "x", "hbar_out", "x_out"},
                                   {"c_h", "c_x"});
@@ -39,8 +38,7 @@ ffi::Error HbarXCuda(cudaStream_t stream, ffi::AnyBuffer h, ffi::AnyBuffer hbar,
 
 ffi::Error HCuda(cudaStream_t stream, ffi::AnyBuffer v, ffi::AnyBuffer h, ffi::AnyBuffer c_v,
                  ffi::Result<ffi::AnyBuffer> h_out) {
-  return RunOnDevice<HUpdate>(stream, {&v, &h}, {&*h_out}, {&c_v}, {&v, &h, &*h_out}, {"v", "h", "h_out"},
-                              {"c_v"});
+  return RunOnDevice<HUpdate>(stream, {&v, &h}, {&*h_out}, {&c_v}, {&v, &h, &*h_out}, {"v", "h", "h_out"}, {"c_v"});
 }
 
 }  // namespace

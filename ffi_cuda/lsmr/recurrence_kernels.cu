@@ -100,16 +100,18 @@ cudaError_t LaunchRowwise(cudaStream_t stream, const RowwiseArgs<T, Update::kIn,
   if (args.rows == 0 || args.n == 0) return cudaSuccess;
   constexpr int kLanes = 16 / sizeof(T);
   // Enough blocks to keep every SM busy (8 resident blocks of 256 threads each), no more than the work needs.
-  const int64_t per_row_blocks = (args.n + int64_t{kThreads} * kLanes * kUnroll - 1) / (int64_t{kThreads} * kLanes * kUnroll);
+  const int64_t per_row_blocks =
+      (args.n + int64_t{kThreads} * kLanes * kUnroll - 1) / (int64_t{kThreads} * kLanes * kUnroll);
   const int64_t target_blocks = int64_t{sm_count} * 8;
   const int64_t grid_y = std::min<int64_t>(args.rows, 65535);
   const int64_t grid_x = std::max<int64_t>(1, std::min<int64_t>(per_row_blocks, (target_blocks + grid_y - 1) / grid_y));
-  RowwiseKernel<Update><<<dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), kThreads, 0, stream>>>(args);
+  RowwiseKernel<Update>
+      <<<dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), kThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 
-#define JAX_OPS_INSTANTIATE(UPDATE, T)                                                                    \
-  template cudaError_t LaunchRowwise<UPDATE, T>(cudaStream_t,                                           \
+#define JAX_OPS_INSTANTIATE(UPDATE, T)                        \
+  template cudaError_t LaunchRowwise<UPDATE, T>(cudaStream_t, \
                                                 const RowwiseArgs<T, UPDATE::kIn, UPDATE::kOut, UPDATE::kCoef>&, int);
 JAX_OPS_INSTANTIATE(HbarXUpdate, float)
 JAX_OPS_INSTANTIATE(HbarXUpdate, double)

@@ -61,7 +61,7 @@ struct HbarXUpdate {
 #ifdef __CUDACC__
   __host__ __device__
 #endif
-  static void Apply(const T* c, const T* in, T* out) {
+      static void Apply(const T* c, const T* in, T* out) {
     const T hbar_new = in[0] - c[0] * in[1];
     out[0] = hbar_new;
     out[1] = in[2] + c[1] * hbar_new;
@@ -76,7 +76,7 @@ struct HUpdate {
 #ifdef __CUDACC__
   __host__ __device__
 #endif
-  static void Apply(const T* c, const T* in, T* out) {
+      static void Apply(const T* c, const T* in, T* out) {
     out[0] = in[0] - c[0] * in[1];
   }
 };

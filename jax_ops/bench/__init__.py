@@ -10,7 +10,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
-from jax_ops.bench.harness import Ceilings, Progress, compiled_temp_bytes, measure_ceilings, time_call, time_loop
+from jax_ops.bench.harness import (
+    Ceilings,
+    Progress,
+    compiled_temp_bytes,
+    measure_ceilings,
+    time_call,
+    time_loop,
+)
 
 # suite name -> module with run(ctx)
 SUITES = {

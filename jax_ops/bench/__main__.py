@@ -56,9 +56,13 @@ def _plot(rows: list[dict], path: str) -> None:
         impls = list(dict.fromkeys(r["impl"] for r in srows))
         width = 0.8 / max(len(impls), 1)
         for j, impl in enumerate(impls):
-            ys = [next((r["time_us"] for r in srows if r["case"] == c and r["impl"] == impl), 0) for c in cases]
+            ys = [
+                next((r["time_us"] for r in srows if r["case"] == c and r["impl"] == impl), 0) for c in cases
+            ]
             ax.bar([i + j * width for i in range(len(cases))], ys, width, label=impl)
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))], cases, rotation=30, ha="right", fontsize=7)
+        ax.set_xticks(
+            [i + 0.4 - width / 2 for i in range(len(cases))], cases, rotation=30, ha="right", fontsize=7
+        )
         ax.set_yscale("log")
         ax.set_ylabel("µs")
         ax.set_title(suite)
@@ -81,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}", file=sys.stderr)
     ceilings = measure_ceilings(args.quick)
     print(
-        f"ceilings: copy {ceilings.copy_gbps:.0f} GB/s, bf16 dot {ceilings.bf16_tflops:.1f} TFLOP/s", file=sys.stderr
+        f"ceilings: copy {ceilings.copy_gbps:.0f} GB/s, bf16 dot {ceilings.bf16_tflops:.1f} TFLOP/s",
+        file=sys.stderr,
     )
     ctx = Context(quick=args.quick, ceilings=ceilings)
     names = list(SUITES) if args.suite == "all" else [args.suite]

@@ -1,0 +1,119 @@
+"""The fused LSMR recurrences on the GPU: CUDA vs the CPU twin vs a float64 reference.
+
+Tests whose name contains `small` form the compute-sanitizer set that `.ci/gpu` runs under memcheck.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_ops import lsmr_kernels
+
+pytestmark = pytest.mark.gpu
+TOL = {np.float32: 2e-6, np.float64: 1e-14}
+
+
+def _gpu():
+    return jax.devices("cuda")[0]
+
+
+def _rel(out, ref):
+    out = np.asarray(out, np.float64)
+    assert np.all(np.isfinite(out))
+    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300)
+
+
+def _run_both(fn, *args):
+    cpu = jax.devices("cpu")[0]
+    on_gpu = jax.jit(fn)(*(jax.device_put(a, _gpu()) for a in args))
+    on_cpu = jax.jit(fn)(*(jax.device_put(a, cpu) for a in args))
+    return on_gpu, on_cpu
+
+
+# Shapes with ragged tails and rows whose start is not 16-byte aligned (odd n with several rows).
+SMALL_SHAPES = [(1,), (3,), (17,), (1000,), (3, 1001), (4, 5), (2, 3, 65)]
+
+
+@pytest.mark.parametrize("shape", SMALL_SHAPES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_small_hbar_x_cuda_matches_cpu_twin_and_reference(shape, dtype, x64):
+    rng = np.random.default_rng(sum(shape))
+    h, hbar, x = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
+    # h - hbar differs from hbar everywhere, so an element the kernel skipped would keep a wrong value.
+    h = hbar + 1.0 + np.abs(h)
+    c_h = np.asarray(rng.standard_normal(shape[:-1]) + 1.0, dtype)
+    c_x = np.asarray(rng.standard_normal(shape[:-1]), dtype)
+    (g_hbar, g_x), (c_hbar, c_x_out) = _run_both(lsmr_kernels.hbar_x_update, h, hbar, x, c_h, c_x)
+    ref_hbar = h.astype(np.float64) - c_h.astype(np.float64)[..., None] * hbar
+    ref_x = x.astype(np.float64) + c_x.astype(np.float64)[..., None] * ref_hbar
+    assert _rel(g_hbar, ref_hbar) <= TOL[dtype]
+    assert _rel(g_x, ref_x) <= TOL[dtype]
+    np.testing.assert_allclose(np.asarray(g_hbar), np.asarray(c_hbar), rtol=4 * TOL[dtype], atol=0)
+    np.testing.assert_allclose(
+        np.asarray(g_x),
+        np.asarray(c_x_out),
+        rtol=1e-5 if dtype == np.float32 else 1e-12,
+        atol=1e-6 if dtype == np.float32 else 1e-13,
+    )
+
+
+@pytest.mark.parametrize("shape", SMALL_SHAPES)
+def test_small_h_update_cuda(shape):
+    rng = np.random.default_rng(7)
+    v, h = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    c = np.asarray(rng.standard_normal(shape[:-1]) + 2.0, np.float32)
+    g, c_out = _run_both(lsmr_kernels.h_update, v, h, c)
+    ref = v.astype(np.float64) - c.astype(np.float64)[..., None] * h
+    assert _rel(g, ref) <= TOL[np.float32]
+    assert _rel(c_out, ref) <= TOL[np.float32]
+
+
+def test_small_in_place_with_donation_on_gpu():
+    rng = np.random.default_rng(8)
+    h, hbar, x = (jax.device_put(rng.standard_normal(4099).astype(np.float32), _gpu()) for _ in range(3))
+    ref_hbar = np.asarray(h, np.float64) - 0.5 * np.asarray(hbar, np.float64)
+    ref_x = np.asarray(x, np.float64) + 2.0 * ref_hbar
+    f = jax.jit(lambda h, hbar, x: lsmr_kernels.hbar_x_update(h, hbar, x, 0.5, 2.0), donate_argnums=(1, 2))
+    hbar_new, x_new = f(h, hbar, x)
+    assert hbar.is_deleted() and x.is_deleted()
+    assert _rel(hbar_new, ref_hbar) <= TOL[np.float32]
+    assert _rel(x_new, ref_x) <= TOL[np.float32]
+
+
+def test_small_vmap_and_while_loop_on_gpu():
+    rng = np.random.default_rng(9)
+    with jax.default_device(_gpu()):
+        h, hbar, x = (jnp.asarray(rng.standard_normal((6, 333)).astype(np.float32)) for _ in range(3))
+
+        def body(s):
+            i, hbar, x = s
+            c = jnp.full((6,), 0.1, jnp.float32) * i.astype(jnp.float32)
+            hbar, x = jax.vmap(lsmr_kernels.hbar_x_update)(h, hbar, x, c, c + 1.0)
+            return i + 1, hbar, x
+
+        _, hb, xx = jax.jit(lambda hbar, x: jax.lax.while_loop(lambda s: s[0] < 4, body, (0, hbar, x)))(
+            hbar, x
+        )
+    rh, rx = np.asarray(hbar, np.float64), np.asarray(x, np.float64)
+    for i in range(4):
+        rh = np.asarray(h, np.float64) - 0.1 * i * rh
+        rx = rx + (0.1 * i + 1.0) * rh
+    assert _rel(hb, rh) <= 1e-5
+    assert _rel(xx, rx) <= 1e-5
+
+
+@pytest.mark.parametrize("n", [10**8 + 3])
+def test_largest_claimed_size(n):
+    # 1e8+3 float32 elements per vector (400 MB each, 2 GB moved): the benchmark's largest size.
+    with jax.default_device(_gpu()):
+        k = jax.random.split(jax.random.key(0), 3)
+        h, hbar, x = (jax.random.normal(kk, (n,), jnp.float32) for kk in k)
+        hbar_new, x_new = jax.jit(lsmr_kernels.hbar_x_update)(h, hbar, x, jnp.float32(0.5), jnp.float32(2.0))
+        ref_hbar = h - 0.5 * hbar  # XLA's fused elementwise in float32
+        ref_x = x + 2.0 * ref_hbar
+        err_h = jnp.linalg.norm(hbar_new - ref_hbar) / jnp.linalg.norm(ref_hbar)
+        err_x = jnp.linalg.norm(x_new - ref_x) / jnp.linalg.norm(ref_x)
+        tail_ok = jnp.allclose(hbar_new[-5:], ref_hbar[-5:], rtol=1e-6)
+    assert float(err_h) <= 1e-6 and float(err_x) <= 1e-6
+    assert bool(tail_ok)
