@@ -1,0 +1,64 @@
+// float <-> f16/bf16 bit conversions for the CPU twin (storage is uint16_t, as in XLA FFI's NativeType).
+// Round to nearest even, NaN kept quiet, overflow to infinity, f16 subnormals handled.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace jax_ops::sparse {
+
+inline float BitsToFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t FloatToBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+inline float Bf16ToFloat(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
+
+inline uint16_t FloatToBf16(float f) {
+  uint32_t u = FloatToBits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) return BitsToFloat(sign | 0x7f800000u | (mant << 13));  // inf / NaN
+  if (exp == 0) {
+    if (mant == 0) return BitsToFloat(sign);
+    // subnormal: mant * 2^-24
+    float v = static_cast<float>(mant) * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+  }
+  return BitsToFloat(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+inline uint16_t FloatToHalf(float f) {
+  const uint32_t u = FloatToBits(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7e00u;          // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;         // rounds to >= 65520: inf
+  if (abs < 0x38800000u) {                               // below the smallest normal (2^-14): subnormal or 0
+    // value * 2^24 rounded to nearest even, as an integer mantissa.
+    const float scaled = BitsToFloat(abs) * 16777216.0f;
+    float r = static_cast<float>(static_cast<int32_t>(scaled));
+    const float frac = scaled - r;
+    if (frac > 0.5f || (frac == 0.5f && (static_cast<int32_t>(r) & 1))) r += 1.0f;
+    return sign | static_cast<uint16_t>(static_cast<int32_t>(r));
+  }
+  // normal: rebias exponent, round mantissa from 23 to 10 bits (nearest even)
+  uint32_t v = abs - (112u << 23);
+  v += 0xfffu + ((v >> 13) & 1u);
+  return sign | static_cast<uint16_t>(v >> 13);
+}
+
+}  // namespace jax_ops::sparse

@@ -1,0 +1,165 @@
+// CPU twin of jax_ops_sparse_csr_spmm (contract in spmm_params.h): plain loops, the same clamping and
+// split-algorithm workspace protocol as the CUDA kernels (so the Python plan is exercised on CPU too).
+#include <algorithm>
+#include <vector>
+
+#include "sparse/half_cpu.h"
+#include "sparse/spmm_params.h"
+
+namespace jax_ops::sparse {
+namespace {
+
+// Storage <-> accumulator conversions per dtype.
+template <ffi::DataType DT>
+struct Conv;
+template <>
+struct Conv<ffi::DataType::F32> {
+  using T = float;
+  using Acc = float;
+  static Acc Load(T v) { return v; }
+  static T Store(Acc v) { return v; }
+};
+template <>
+struct Conv<ffi::DataType::F64> {
+  using T = double;
+  using Acc = double;
+  static Acc Load(T v) { return v; }
+  static T Store(Acc v) { return v; }
+};
+template <>
+struct Conv<ffi::DataType::F16> {
+  using T = uint16_t;
+  using Acc = float;
+  static Acc Load(T v) { return HalfToFloat(v); }
+  static T Store(Acc v) { return FloatToHalf(v); }
+};
+template <>
+struct Conv<ffi::DataType::BF16> {
+  using T = uint16_t;
+  using Acc = float;
+  static Acc Load(T v) { return Bf16ToFloat(v); }
+  static T Store(Acc v) { return FloatToBf16(v); }
+};
+
+template <typename C>
+void RowRange(const SpmmArgs<typename C::T, typename C::Acc>& a, int64_t r, int64_t* s, int64_t* e) {
+  const int64_t lo = std::clamp<int64_t>(a.indptr[r], 0, a.nnz);
+  *s = lo;
+  *e = std::clamp<int64_t>(a.indptr[r + 1], lo, a.nnz);
+}
+
+// acc[0..n) += sum over [s, e) of values[p] * b[col[p], :]
+template <typename C>
+void Accumulate(const SpmmArgs<typename C::T, typename C::Acc>& a, int64_t s, int64_t e, typename C::Acc* acc) {
+  for (int64_t p = s; p < e; ++p) {
+    const int64_t c = a.indices[p];
+    if (c < 0 || c >= a.k) continue;
+    const typename C::Acc v = C::Load(a.values[p]);
+    const typename C::T* brow = a.b + c * a.n;
+    for (int64_t j = 0; j < a.n; ++j) acc[j] += v * C::Load(brow[j]);
+  }
+}
+
+template <typename C>
+void Epilogue(const SpmmArgs<typename C::T, typename C::Acc>& a, int64_t r, const typename C::Acc* acc) {
+  for (int64_t j = 0; j < a.n; ++j) {
+    typename C::Acc v = a.alpha[j] * acc[j];
+    if (a.y != nullptr) v += a.beta[j] * C::Load(a.y[r * a.n + j]);
+    a.out[r * a.n + j] = C::Store(v);
+  }
+}
+
+template <typename C>
+void Run(const SpmmArgs<typename C::T, typename C::Acc>& a) {
+  using Acc = typename C::Acc;
+  std::vector<Acc> acc(static_cast<size_t>(a.n));
+  const bool split = a.algorithm == kSplit;
+  for (int64_t r = 0; r < a.m; ++r) {
+    int64_t s, e;
+    RowRange<C>(a, r, &s, &e);
+    if (split && e - s > a.chunk) continue;  // long row: passes 2 and 3
+    std::fill(acc.begin(), acc.end(), Acc(0));
+    Accumulate<C>(a, s, e, acc.data());
+    Epilogue<C>(a, r, acc.data());
+  }
+  if (!split || a.num_long == 0) return;
+  const int64_t total = std::clamp<int64_t>(a.long_ptr[a.num_long], 0, a.units);
+  // Pass 2: one partial per unit.
+  for (int64_t u = 0; u < total; ++u) {
+    // largest i with long_ptr[i] <= u
+    const int32_t* it = std::upper_bound(a.long_ptr, a.long_ptr + a.num_long + 1, static_cast<int32_t>(u));
+    const int64_t i = (it - a.long_ptr) - 1;
+    if (i < 0 || i >= a.num_long) continue;
+    const int64_t r = a.long_rows[i];
+    if (r < 0 || r >= a.m) continue;
+    int64_t s, e;
+    RowRange<C>(a, r, &s, &e);
+    const int64_t k = u - a.long_ptr[i];
+    const int64_t cs = std::min(e, s + k * a.chunk), ce = std::min(e, cs + a.chunk);
+    Acc* part = a.ws + u * a.n;
+    std::fill(part, part + a.n, Acc(0));
+    Accumulate<C>(a, cs, ce, part);
+  }
+  // Pass 3: sum the partials of each long row in unit order.
+  for (int64_t i = 0; i < a.num_long; ++i) {
+    const int64_t r = a.long_rows[i];
+    const int64_t u0 = std::clamp<int64_t>(a.long_ptr[i], 0, total);
+    const int64_t u1 = std::clamp<int64_t>(a.long_ptr[i + 1], u0, total);
+    if (r < 0 || r >= a.m || u1 <= u0) continue;
+    std::fill(acc.begin(), acc.end(), Acc(0));
+    for (int64_t u = u0; u < u1; ++u)
+      for (int64_t j = 0; j < a.n; ++j) acc[j] += a.ws[u * a.n + j];
+    Epilogue<C>(a, r, acc.data());
+  }
+}
+
+ffi::Error CsrSpmmCpu(ffi::AnyBuffer indptr, ffi::AnyBuffer indices, ffi::AnyBuffer values, ffi::AnyBuffer b,
+                      ffi::AnyBuffer alpha, ffi::AnyBuffer beta, ffi::AnyBuffer y, ffi::AnyBuffer long_rows,
+                      ffi::AnyBuffer long_ptr, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> ws,
+                      int32_t algorithm, int32_t group, int64_t chunk) {
+  auto shape = CheckSpmmArgs(indptr, indices, values, b, alpha, beta, y, long_rows, long_ptr, *out, *ws, algorithm,
+                             group, chunk);
+  if (shape.has_error()) return shape.error();
+  if (shape->m == 0 || shape->n == 0) return ffi::Error::Success();
+  return DispatchDType<ffi::DataType::F16, ffi::DataType::BF16, ffi::DataType::F32, ffi::DataType::F64>(
+      shape->dtype, "values", [&](auto tag) -> ffi::Error {
+        using C = Conv<decltype(tag)::value>;
+        SpmmArgs<typename C::T, typename C::Acc> a;
+        a.indptr = static_cast<const int32_t*>(indptr.untyped_data());
+        a.indices = static_cast<const int32_t*>(indices.untyped_data());
+        a.values = static_cast<const typename C::T*>(values.untyped_data());
+        a.b = static_cast<const typename C::T*>(b.untyped_data());
+        a.alpha = static_cast<const typename C::Acc*>(alpha.untyped_data());
+        a.beta = static_cast<const typename C::Acc*>(beta.untyped_data());
+        a.y = shape->has_y ? static_cast<const typename C::T*>(y.untyped_data()) : nullptr;
+        a.out = static_cast<typename C::T*>(out->untyped_data());
+        a.ws = static_cast<typename C::Acc*>(ws->untyped_data());
+        a.long_rows = static_cast<const int32_t*>(long_rows.untyped_data());
+        a.long_ptr = static_cast<const int32_t*>(long_ptr.untyped_data());
+        a.m = shape->m, a.k = shape->k, a.n = shape->n, a.nnz = shape->nnz;
+        a.num_long = shape->num_long, a.units = shape->units, a.chunk = shape->chunk;
+        a.algorithm = shape->algorithm, a.group = shape->group;
+        Run<C>(a);
+        return ffi::Error::Success();
+      });
+}
+
+}  // namespace
+}  // namespace jax_ops::sparse
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsSparseCsrSpmmCpu, jax_ops::sparse::CsrSpmmCpu,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()  // indptr
+                                  .Arg<xla::ffi::AnyBuffer>()  // indices
+                                  .Arg<xla::ffi::AnyBuffer>()  // values
+                                  .Arg<xla::ffi::AnyBuffer>()  // b
+                                  .Arg<xla::ffi::AnyBuffer>()  // alpha
+                                  .Arg<xla::ffi::AnyBuffer>()  // beta
+                                  .Arg<xla::ffi::AnyBuffer>()  // y
+                                  .Arg<xla::ffi::AnyBuffer>()  // long_rows
+                                  .Arg<xla::ffi::AnyBuffer>()  // long_ptr
+                                  .Ret<xla::ffi::AnyBuffer>()  // out
+                                  .Ret<xla::ffi::AnyBuffer>()  // workspace
+                                  .Attr<int32_t>("algorithm")
+                                  .Attr<int32_t>("group")
+                                  .Attr<int64_t>("chunk"));

@@ -1,0 +1,344 @@
+// CSR SpMV/SpMM kernels (contract in spmm_params.h). Included once per dtype by spmm_kernels_<dtype>.cu.
+//
+// Thread mappings (the plan is chosen in Python from the row profile, see jax_ops/sparse.py):
+//   SpmvGroupKernel<G>  N == 1: a group of G lanes (2..32; 32 = warp-per-row) per row, lanes stride the row's
+//                       nnz, xor-shuffle reduction inside the group, lane 0 writes y[r]. Short/medium rows.
+//   SpmvCtaKernel       N == 1: one 256-thread CTA per row, warp shuffles + fixed-order smem reduction.
+//   SpmmGroupKernel<G,VEC>  N > 1: a group of G lanes owns (row, column tile of G*VEC columns); every lane holds
+//                       VEC register accumulators for VEC adjacent columns (16-byte loads of B/y/out rows when
+//                       aligned). The group loads G (col, value) pairs at once, one per lane, and broadcasts
+//                       them with shuffles, so index/value reads are coalesced and amortised over the tile.
+//   split               rows longer than `chunk` are skipped by the kernels above (pass 1), cut into units of
+//                       `chunk` nnz processed by the same kernels in unit mode (pass 2, partials into the
+//                       workspace) and summed in unit order by FixupKernel (pass 3). No atomics anywhere.
+// x/B, values and indices are read through the read-only path (__ldg). Positions and output offsets are 64-bit.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "sparse/spmm_kernels.h"
+
+namespace jax_ops::sparse {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float ToAcc(float v) { return v; }
+__device__ __forceinline__ double ToAcc(double v) { return v; }
+__device__ __forceinline__ float ToAcc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToAcc(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T FromAcc(float v);
+template <>
+__device__ __forceinline__ float FromAcc<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half FromAcc<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromAcc<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <typename T>
+__device__ __forceinline__ T FromAcc(double v) { return v; }
+
+template <typename T>
+__device__ __forceinline__ T Ld(const T* p) { return __ldg(p); }
+
+template <int G>
+__device__ __forceinline__ unsigned GroupMask() {
+  if constexpr (G == 32) {
+    return 0xffffffffu;
+  } else {
+    const unsigned lane = threadIdx.x & 31u;
+    return ((1u << G) - 1u) << (lane & ~static_cast<unsigned>(G - 1));
+  }
+}
+
+template <int G, typename Acc>
+__device__ __forceinline__ Acc GroupSum(Acc v, unsigned mask) {
+#pragma unroll
+  for (int off = G / 2; off > 0; off >>= 1) v += __shfl_xor_sync(mask, v, off, G);
+  return v;
+}
+
+template <typename T, typename Acc>
+__device__ __forceinline__ void RowRange(const SpmmArgs<T, Acc>& a, int64_t r, int64_t* s, int64_t* e) {
+  const int64_t lo = min(max(static_cast<int64_t>(__ldg(a.indptr + r)), int64_t{0}), a.nnz);
+  *s = lo;
+  *e = min(max(static_cast<int64_t>(__ldg(a.indptr + r + 1)), lo), a.nnz);
+}
+
+// Work units of the split algorithm that actually exist (<= the workspace's capacity).
+template <typename T, typename Acc>
+__device__ __forceinline__ int64_t UnitsTotal(const SpmmArgs<T, Acc>& a) {
+  if (a.num_long <= 0) return 0;
+  return min(max(static_cast<int64_t>(__ldg(a.long_ptr + a.num_long)), int64_t{0}), a.units);
+}
+
+// The nnz range of work item `idx`: a row (row mode; long rows skipped under split) or a unit of a long row.
+// Returns false when the item has nothing to do. Every lane of a group gets the same answer.
+template <typename T, typename Acc>
+__device__ __forceinline__ bool ItemRange(const SpmmArgs<T, Acc>& a, int64_t idx, bool unit_mode, int64_t* r,
+                                          int64_t* s, int64_t* e) {
+  if (!unit_mode) {
+    *r = idx;
+    RowRange(a, idx, s, e);
+    return !(a.algorithm == kSplit && *e - *s > a.chunk);
+  }
+  // largest i with long_ptr[i] <= idx
+  int64_t lo = 0, hi = a.num_long;  // answer in [0, num_long)
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (__ldg(a.long_ptr + mid) <= idx) lo = mid; else hi = mid;
+  }
+  const int64_t first = __ldg(a.long_ptr + lo);
+  if (idx < first) return false;
+  const int64_t row = __ldg(a.long_rows + lo);
+  if (row < 0 || row >= a.m) return false;
+  *r = row;
+  int64_t rs, re;
+  RowRange(a, row, &rs, &re);
+  const int64_t cs = min(re, rs + (idx - first) * a.chunk);
+  *s = cs;
+  *e = min(re, cs + a.chunk);
+  return true;
+}
+
+template <typename T, typename Acc>
+__device__ __forceinline__ void StoreOut(const SpmmArgs<T, Acc>& a, int64_t r, int64_t col, Acc acc) {
+  Acc v = __ldg(a.alpha + col) * acc;
+  const int64_t off = r * a.n + col;
+  if (a.y != nullptr) v += __ldg(a.beta + col) * ToAcc(a.y[off]);
+  a.out[off] = FromAcc<T>(v);
+}
+
+template <typename T, typename Acc, int G>
+__global__ void __launch_bounds__(kThreads) SpmvGroupKernel(SpmmArgs<T, Acc> a, bool unit_mode) {
+  const unsigned mask = GroupMask<G>();
+  const int lane = threadIdx.x & (G - 1);
+  const int64_t gid = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / G;
+  const int64_t ngroups = static_cast<int64_t>(gridDim.x) * blockDim.x / G;
+  const int64_t items = unit_mode ? UnitsTotal(a) : a.m;
+  const uint32_t k = static_cast<uint32_t>(a.k);
+  for (int64_t item = gid; item < items; item += ngroups) {
+    int64_t r, s, e;
+    if (!ItemRange(a, item, unit_mode, &r, &s, &e)) continue;
+    Acc acc0 = 0, acc1 = 0;  // two independent chains: two gathers in flight per lane
+    int64_t p = s + lane;
+    for (; p + G < e; p += 2 * G) {
+      const int c0 = __ldg(a.indices + p), c1 = __ldg(a.indices + p + G);
+      const Acc v0 = ToAcc(Ld(a.values + p)), v1 = ToAcc(Ld(a.values + p + G));
+      if (static_cast<uint32_t>(c0) < k) acc0 += v0 * ToAcc(Ld(a.b + c0));
+      if (static_cast<uint32_t>(c1) < k) acc1 += v1 * ToAcc(Ld(a.b + c1));
+    }
+    if (p < e) {
+      const int c0 = __ldg(a.indices + p);
+      if (static_cast<uint32_t>(c0) < k) acc0 += ToAcc(Ld(a.values + p)) * ToAcc(Ld(a.b + c0));
+    }
+    const Acc acc = GroupSum<G>(acc0 + acc1, mask);
+    if (lane == 0) {
+      if (unit_mode) a.ws[item] = acc;
+      else StoreOut(a, r, 0, acc);
+    }
+  }
+}
+
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kThreads) SpmvCtaKernel(SpmmArgs<T, Acc> a) {
+  __shared__ Acc partial[kThreads / 32];
+  const uint32_t k = static_cast<uint32_t>(a.k);
+  for (int64_t r = blockIdx.x; r < a.m; r += gridDim.x) {
+    int64_t s, e;
+    RowRange(a, r, &s, &e);
+    Acc acc = 0;
+    for (int64_t p = s + threadIdx.x; p < e; p += blockDim.x) {
+      const int c = __ldg(a.indices + p);
+      if (static_cast<uint32_t>(c) < k) acc += ToAcc(Ld(a.values + p)) * ToAcc(Ld(a.b + c));
+    }
+    acc = GroupSum<32>(acc, 0xffffffffu);
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      Acc total = 0;
+      for (int w = 0; w < kThreads / 32; ++w) total += partial[w];
+      StoreOut(a, r, 0, total);
+    }
+    __syncthreads();
+  }
+}
+
+// VEC adjacent elements of a row of B (16-byte load when VEC > 1; the caller guarantees alignment).
+template <typename T, typename Acc, int VEC>
+__device__ __forceinline__ void LoadVec(const T* p, Acc (&v)[VEC]) {
+  if constexpr (VEC == 1) {
+    v[0] = ToAcc(Ld(p));
+  } else {
+    static_assert(VEC * sizeof(T) == 16, "VEC must fill 16 bytes");
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    const T* t = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) v[i] = ToAcc(t[i]);
+  }
+}
+
+template <typename T, typename Acc, int G, int VEC>
+__global__ void __launch_bounds__(kThreads) SpmmGroupKernel(SpmmArgs<T, Acc> a, bool unit_mode) {
+  const unsigned mask = GroupMask<G>();
+  const int lane = threadIdx.x & (G - 1);
+  const int64_t gid = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / G;
+  const int64_t ngroups = static_cast<int64_t>(gridDim.x) * blockDim.x / G;
+  constexpr int64_t kTileW = int64_t{G} * VEC;
+  const int64_t tiles = (a.n + kTileW - 1) / kTileW;
+  const int64_t items = (unit_mode ? UnitsTotal(a) : a.m) * tiles;
+  const uint32_t k = static_cast<uint32_t>(a.k);
+  for (int64_t item = gid; item < items; item += ngroups) {
+    const int64_t idx = item / tiles;
+    const int64_t col0 = (item - idx * tiles) * kTileW + int64_t{lane} * VEC;
+    int64_t r, s, e;
+    if (!ItemRange(a, idx, unit_mode, &r, &s, &e)) continue;
+    const bool active = col0 < a.n;  // VEC > 1 only when N % VEC == 0, so the whole vector is in range
+    Acc acc[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[i] = 0;
+    auto fma_pair = [&](int c, Acc v) {
+      if (c >= 0 && active) {
+        Acc bv[VEC];
+        LoadVec<T, Acc, VEC>(a.b + static_cast<int64_t>(c) * a.n + col0, bv);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) acc[i] += v * bv[i];
+      }
+    };
+    for (int64_t base = s; base < e; base += G) {
+      const int64_t p = base + lane;
+      int c = -1;
+      Acc v = 0;
+      if (p < e) {
+        c = __ldg(a.indices + p);
+        if (static_cast<uint32_t>(c) < k) v = ToAcc(Ld(a.values + p));
+        else c = -1;
+      }
+      const int cnt = static_cast<int>(min(int64_t{G}, e - base));
+      if (cnt == G) {
+#pragma unroll
+        for (int j = 0; j < G; ++j) fma_pair(__shfl_sync(mask, c, j, G), __shfl_sync(mask, v, j, G));
+      } else {
+        for (int j = 0; j < cnt; ++j) fma_pair(__shfl_sync(mask, c, j, G), __shfl_sync(mask, v, j, G));
+      }
+    }
+    if (!active) continue;
+    if (unit_mode) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) a.ws[idx * a.n + col0 + i] = acc[i];
+    } else if constexpr (VEC == 1) {
+      StoreOut(a, r, col0, acc[0]);
+    } else {
+      const int64_t off = r * a.n + col0;
+      Acc yv[VEC];
+      if (a.y != nullptr) LoadVec<T, Acc, VEC>(a.y + off, yv);
+      uint4 raw;
+      T* t = reinterpret_cast<T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        Acc o = __ldg(a.alpha + col0 + i) * acc[i];
+        if (a.y != nullptr) o += __ldg(a.beta + col0 + i) * yv[i];
+        t[i] = FromAcc<T>(o);
+      }
+      *reinterpret_cast<uint4*>(a.out + off) = raw;
+    }
+  }
+}
+
+// Pass 3 of split: one warp per long row, lanes over columns, partials summed in unit order.
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kThreads) SplitFixupKernel(SpmmArgs<T, Acc> a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
+  const int64_t total = UnitsTotal(a);
+  for (int64_t i = warp; i < a.num_long; i += nwarps) {
+    const int64_t r = __ldg(a.long_rows + i);
+    const int64_t u0 = min(max(static_cast<int64_t>(__ldg(a.long_ptr + i)), int64_t{0}), total);
+    const int64_t u1 = min(max(static_cast<int64_t>(__ldg(a.long_ptr + i + 1)), u0), total);
+    if (r < 0 || r >= a.m || u1 <= u0) continue;
+    for (int64_t col = lane; col < a.n; col += 32) {
+      Acc acc = 0;
+      for (int64_t u = u0; u < u1; ++u) acc += a.ws[u * a.n + col];
+      StoreOut(a, r, col, acc);
+    }
+  }
+}
+
+template <typename F>
+cudaError_t WithGroup(int g, F&& f) {
+  switch (g) {
+    case 1:
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 8: return f(std::integral_constant<int, 8>{});
+    case 16: return f(std::integral_constant<int, 16>{});
+    default: return f(std::integral_constant<int, 32>{});
+  }
+}
+
+inline int NextPow2(int64_t v) {
+  int p = 1;
+  while (p < v && p < 32) p *= 2;
+  return p;
+}
+
+}  // namespace
+
+template <typename T, typename Acc>
+cudaError_t LaunchCsrSpmm(cudaStream_t stream, const SpmmArgs<T, Acc>& a, bool vec16, int sm_count) {
+  if (a.m == 0 || a.n == 0) return cudaSuccess;
+  const int64_t max_blocks = std::max<int64_t>(1, int64_t{sm_count} * 64);
+  auto blocks_for = [&](int64_t threads) {
+    return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(max_blocks, (threads + kThreads - 1) / kThreads)));
+  };
+  const bool split = a.algorithm == kSplit && a.num_long > 0 && a.units > 0;
+  cudaError_t err = cudaSuccess;
+  if (a.n == 1) {
+    if (a.algorithm == kCta) {
+      SpmvCtaKernel<T, Acc><<<static_cast<unsigned>(std::min<int64_t>(a.m, max_blocks)), kThreads, 0, stream>>>(a);
+    } else {
+      err = WithGroup(a.group, [&](auto g) {
+        constexpr int G = decltype(g)::value;
+        SpmvGroupKernel<T, Acc, G><<<blocks_for(a.m * G), kThreads, 0, stream>>>(a, false);
+        return cudaGetLastError();
+      });
+      if (err != cudaSuccess) return err;
+    }
+    if (split) SpmvGroupKernel<T, Acc, 32><<<blocks_for(a.units * 32), kThreads, 0, stream>>>(a, true);
+  } else {
+    constexpr int kVec16 = static_cast<int>(16 / sizeof(T));
+    const int vec = vec16 ? kVec16 : 1;
+    const int g = std::max(2, NextPow2((a.n + vec - 1) / vec));
+    err = WithGroup(g, [&](auto gc) {
+      constexpr int G = decltype(gc)::value;
+      const int64_t tiles_1 = (a.n + G - 1) / G;
+      const int64_t tiles_v = (a.n + int64_t{G} * kVec16 - 1) / (int64_t{G} * kVec16);
+      if (vec16) {
+        SpmmGroupKernel<T, Acc, G, kVec16><<<blocks_for(a.m * tiles_v * G), kThreads, 0, stream>>>(a, false);
+        if (split) SpmmGroupKernel<T, Acc, G, kVec16><<<blocks_for(a.units * tiles_v * G), kThreads, 0, stream>>>(a, true);
+      } else {
+        SpmmGroupKernel<T, Acc, G, 1><<<blocks_for(a.m * tiles_1 * G), kThreads, 0, stream>>>(a, false);
+        if (split) SpmmGroupKernel<T, Acc, G, 1><<<blocks_for(a.units * tiles_1 * G), kThreads, 0, stream>>>(a, true);
+      }
+      return cudaGetLastError();
+    });
+    if (err != cudaSuccess) return err;
+  }
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  if (split) SplitFixupKernel<T, Acc><<<blocks_for(a.num_long * 32), kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace jax_ops::sparse
+
+#define JAX_OPS_INSTANTIATE_CSR_SPMM(T, ACC)                                                              \
+  template cudaError_t jax_ops::sparse::LaunchCsrSpmm<T, ACC>(cudaStream_t, const jax_ops::sparse::SpmmArgs<T, ACC>&, \
+                                                              bool, int);

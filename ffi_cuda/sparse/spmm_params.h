@@ -1,0 +1,137 @@
+// CSR SpMV/SpMM contract shared by the CPU twin (spmm_cpu.cc) and the CUDA handler (spmm_cuda.cu).
+//
+//   out[r, n] = alpha[n] * sum_{p in row r, 0 <= col[p] < K} values[p] * b[col[p], n]  (+ beta[n] * y[r, n])
+//
+// FFI target "jax_ops_sparse_csr_spmm":
+//   args:  indptr s32[M+1], indices s32[nnz], values T[nnz], b T[K, N], alpha Acc[N], beta Acc[N],
+//          y T[M, N] or T[0] (no y: beta ignored), long_rows s32[L], long_ptr s32[L+1]
+//   rets:  out T[M, N], workspace Acc[W]
+//   attrs: algorithm (s32: 0 vector, 1 cta, 2 split), group (s32: lanes per row, 2..32, power of 2),
+//          chunk (s64: nnz per work unit of a long row in the split algorithm)
+// T is f16, bf16, f32 or f64; Acc is f32 for the first three and f64 for f64.
+//
+// Row ranges are clamped: row r covers [s, e) with s = clamp(indptr[r], 0, nnz), e = clamp(indptr[r+1], s, nnz),
+// so a decreasing indptr gives an empty row and nothing is read out of bounds. Entries whose column is outside
+// [0, K) contribute nothing. Reduction order is fixed (no atomics): results are deterministic run to run.
+//
+// Split algorithm: rows longer than `chunk` are "long" and listed in long_rows (ascending work-unit offsets in
+// long_ptr: long row i owns units [long_ptr[i], long_ptr[i+1]), unit k of it covers nnz
+// [s + k*chunk, min(e, s + (k+1)*chunk))). Pass 1 handles the short rows; pass 2 writes one partial per unit
+// into the workspace (W >= units * N); pass 3 sums each long row's partials in unit order and applies the
+// epilogue. Python builds long_rows/long_ptr from the same indptr. Units past long_ptr[L] are skipped.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/ffi_helpers.h"
+
+namespace jax_ops::sparse {
+
+enum Algorithm : int32_t { kVector = 0, kCta = 1, kSplit = 2 };
+
+constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
+
+struct SpmmShape {
+  int64_t m = 0, k = 0, n = 0, nnz = 0;
+  int64_t num_long = 0;  // L
+  int64_t units = 0;     // work units the workspace holds (split only)
+  int32_t algorithm = kVector;
+  int32_t group = 32;
+  int64_t chunk = 0;
+  bool has_y = false;
+  ffi::DataType dtype = ffi::DataType::F32;
+};
+
+// Plain pointers for one call, used by both the CPU loops and the CUDA kernels. T is the storage type of the
+// values (on the device: __half/__nv_bfloat16/float/double), Acc the accumulator.
+template <typename T, typename Acc>
+struct SpmmArgs {
+  const int32_t* indptr = nullptr;
+  const int32_t* indices = nullptr;
+  const T* values = nullptr;
+  const T* b = nullptr;
+  const Acc* alpha = nullptr;
+  const Acc* beta = nullptr;
+  const T* y = nullptr;  // nullptr: no y term
+  T* out = nullptr;
+  Acc* ws = nullptr;
+  const int32_t* long_rows = nullptr;
+  const int32_t* long_ptr = nullptr;
+  int64_t m = 0, k = 0, n = 0, nnz = 0, num_long = 0, units = 0, chunk = 0;
+  int32_t algorithm = kVector, group = 32;
+};
+
+inline ffi::DataType AccType(ffi::DataType dt) {
+  return dt == ffi::DataType::F64 ? ffi::DataType::F64 : ffi::DataType::F32;
+}
+
+inline bool IsRank1S32(const ffi::AnyBuffer& b) {
+  return b.dimensions().size() == 1 && b.element_type() == ffi::DataType::S32;
+}
+
+// Re-validates everything the kernels rely on (Python checked first) and returns the sizes.
+inline ffi::ErrorOr<SpmmShape> CheckSpmmArgs(const ffi::AnyBuffer& indptr, const ffi::AnyBuffer& indices,
+                                             const ffi::AnyBuffer& values, const ffi::AnyBuffer& b,
+                                             const ffi::AnyBuffer& alpha, const ffi::AnyBuffer& beta,
+                                             const ffi::AnyBuffer& y, const ffi::AnyBuffer& long_rows,
+                                             const ffi::AnyBuffer& long_ptr, const ffi::AnyBuffer& out,
+                                             const ffi::AnyBuffer& ws, int32_t algorithm, int32_t group,
+                                             int64_t chunk) {
+  auto fail = [](std::string msg) { return ffi::Unexpected(ffi::Error::InvalidArgument("csr_spmm: " + msg)); };
+  SpmmShape s;
+  s.dtype = values.element_type();
+  const ffi::DataType acc = AccType(s.dtype);
+  if (s.dtype != ffi::DataType::F16 && s.dtype != ffi::DataType::BF16 && s.dtype != ffi::DataType::F32 &&
+      s.dtype != ffi::DataType::F64)
+    return fail(std::string("values has dtype ") + DTypeName(s.dtype) + "; expected f16, bf16, f32 or f64");
+  if (values.dimensions().size() != 1) return fail("values must have rank 1");
+  if (!IsRank1S32(indptr) || !IsRank1S32(indices) || !IsRank1S32(long_rows) || !IsRank1S32(long_ptr))
+    return fail("indptr, indices, long_rows and long_ptr must be rank-1 int32");
+  if (b.dimensions().size() != 2 || out.dimensions().size() != 2)
+    return fail("b and out must have rank 2, got " + ShapeString(b.dimensions()) + " and " +
+                ShapeString(out.dimensions()));
+  if (b.element_type() != s.dtype || out.element_type() != s.dtype || y.element_type() != s.dtype)
+    return fail("b, y and out must have the values' dtype " + std::string(DTypeName(s.dtype)));
+  s.nnz = values.dimensions()[0];
+  s.k = b.dimensions()[0];
+  s.n = b.dimensions()[1];
+  s.m = out.dimensions()[0];
+  if (out.dimensions()[1] != s.n)
+    return fail("out has shape " + ShapeString(out.dimensions()) + " but b has " + ShapeString(b.dimensions()));
+  if (indices.dimensions()[0] != s.nnz)
+    return fail("indices has " + std::to_string(indices.dimensions()[0]) + " entries but values has " +
+                std::to_string(s.nnz));
+  if (indptr.dimensions()[0] != s.m + 1)
+    return fail("indptr has " + std::to_string(indptr.dimensions()[0]) + " entries; expected M+1 = " +
+                std::to_string(s.m + 1));
+  if (s.m > kMaxDim || s.k > kMaxDim || s.n > kMaxDim || s.nnz > kMaxDim)
+    return fail("M, K, N and nnz must be < 2^31");
+  for (const ffi::AnyBuffer* c : {&alpha, &beta}) {
+    if (c->element_type() != acc || c->dimensions().size() != 1 || c->dimensions()[0] != s.n)
+      return fail("alpha and beta must be " + std::string(DTypeName(acc)) + "[N] with N = " + std::to_string(s.n));
+  }
+  if (y.element_count() != 0) {
+    if (y.dimensions().size() != 2 || y.dimensions()[0] != s.m || y.dimensions()[1] != s.n)
+      return fail("y must be empty or have the shape of out " + ShapeString(out.dimensions()) + "; got " +
+                  ShapeString(y.dimensions()));
+    s.has_y = true;
+  }
+  if (ws.element_type() != acc || ws.dimensions().size() != 1) return fail("workspace must be a rank-1 Acc array");
+  s.num_long = long_rows.dimensions()[0];
+  if (long_ptr.dimensions()[0] != s.num_long + 1) return fail("long_ptr must have len(long_rows) + 1 entries");
+  if (algorithm != kVector && algorithm != kCta && algorithm != kSplit)
+    return fail("unknown algorithm " + std::to_string(algorithm));
+  if (group < 1 || group > 32 || (group & (group - 1)) != 0)
+    return fail("group must be a power of two in [1, 32], got " + std::to_string(group));
+  s.algorithm = algorithm;
+  s.group = group;
+  s.chunk = chunk;
+  if (algorithm == kSplit) {
+    if (chunk < 1) return fail("split needs chunk >= 1");
+    s.units = s.n > 0 ? static_cast<int64_t>(ws.element_count()) / s.n : 0;
+  }
+  return s;
+}
+
+}  // namespace jax_ops::sparse
