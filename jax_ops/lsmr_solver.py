@@ -1,0 +1,753 @@
+"""LSMR for sparse/dense least squares, matching ``scipy.sparse.linalg.lsmr`` (``jax_ops.lsmr``).
+
+Solves ``min ||A x - b||^2 + damp^2 ||x||^2`` with the Golub-Kahan bidiagonalisation of Fong & Saunders, in one
+jitted ``jax.lax.while_loop`` whose state (vectors *and* scalars) stays on the device: no host round trip per
+iteration. The recurrence is SciPy's, statement by statement (same rotations, same estimates of ``||r||``,
+``||A^T r||``, ``||A||``, ``cond(A)``, same order of the stopping tests), so ``istop``/``itn`` agree with SciPy.
+
+Design (see ``docs/lsmr.md`` for the full story):
+
+* The solver runs internally on *blocks*: ``B`` is ``[k, m]``, every vector of the recurrence is ``[k, n]`` or
+  ``[k, m]`` and every scalar is a ``[k]`` vector (one per right-hand side). The plain call uses ``k = 1``;
+  ``jax.vmap`` over ``b`` (a ``custom_vmap`` rule) turns into one block solve with ``k`` = batch size: one
+  SpMM (dense A: one GEMM) per half-step serves all columns, each column keeps its own scalars and stops on
+  its own. A converged column is frozen (its scalars by ``jnp.where``, its ``x`` by zero coefficients of the
+  fused update); the loop runs until every column is done.
+* Per iteration: ``u <- A v - alpha u`` and ``v <- A^T u - beta v`` (a fused matvec-with-beta when the operator
+  has one), two norms, the scalar rotations, then the fused kernels ``lsmr_kernels.hbar_x_update`` and
+  ``lsmr_kernels.h_update``.
+* ``unroll`` guarded iterations per ``while_loop`` trip amortise the loop-condition round trip on GPUs; the
+  result does not depend on it (a finished column is frozen inside the trip).
+
+Operators (``A``):
+  * a dense ``[m, n]`` array (numpy or jax);
+  * ``jax.experimental.sparse.BCOO`` / ``BCSR`` (converted once, outside the loop, to ``jax_ops.sparse.CSRPair``
+    when that module exists, else used through ``jax.experimental.sparse`` products), ``scipy.sparse`` matrices
+    (converted to BCOO on the host);
+  * ``jax_ops.sparse.CSRPair`` or any object with ``shape`` (``(m, n)``), ``matvec(v[n]) -> [m]`` and
+    ``rmatvec(u[m]) -> [n]`` (jax-traceable, vmappable). Optional fused forms, used when present:
+    ``matvec_axpby(v, y, beta) -> A v + beta*y`` and ``rmatvec_axpby(u, y, beta) -> A^T u + beta*y``
+    (``beta`` is a scalar array). Register the object as a pytree (e.g. a NamedTuple or
+    ``jax.tree_util.register_dataclass``) so its arrays are arguments of the jitted solve (no recompile for new
+    values, gradients w.r.t. them); a non-pytree object is used as a static closure.
+
+Precision: vectors, matvecs and the scalar recurrence run in ``b``'s dtype (float32 or float64). For float32
+problems the sums of squares behind the norms are accumulated in float64 when ``jax_enable_x64`` is on (a convert
+fused into the reduction: free on a bandwidth-bound GPU); without x64 XLA's float32 tree reductions are used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_derivatives import SymbolicZero
+
+from jax_ops import _checks, lsmr_kernels
+
+__all__ = ["LSMRResult", "lsmr"]
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+# istop codes (SciPy's 0..7, plus ours for non-finite values).
+ISTOP_MESSAGES = {
+    -1: "Non-finite value met (b, x0, A*x0 or A contains NaN/Inf); x is not a solution",
+    0: "The exact solution is x = 0, or x = x0, if x0 was given",
+    1: "Ax - b is small enough, given atol, btol",
+    2: "The least-squares solution is good enough, given atol",
+    3: "The estimate of cond(Abar) has exceeded conlim",
+    4: "Ax - b is small enough for this machine",
+    5: "The least-squares solution is good enough for this machine",
+    6: "Cond(Abar) seems to be too large for this machine",
+    7: "The iteration limit has been reached",
+}
+
+
+class LSMRResult(NamedTuple):
+    """Result of :func:`lsmr` (a pytree). Fields as in ``scipy.sparse.linalg.lsmr``'s return tuple.
+
+    x: ``[n]`` solution (``[..., n]`` under vmap). istop: int32 stop reason (see ``ISTOP_MESSAGES``).
+    itn: int32 iterations. normr: ``||b - A x||`` estimate (with damp: of the augmented residual).
+    normar: ``||A^T (b - A x) - damp^2 x||`` estimate. norma: ``||Abar||_F`` estimate. conda: ``cond(Abar)``
+    estimate. normx: ``||x||``. Floats have ``b``'s dtype.
+    """
+
+    x: jax.Array
+    istop: jax.Array
+    itn: jax.Array
+    normr: jax.Array
+    normar: jax.Array
+    norma: jax.Array
+    conda: jax.Array
+    normx: jax.Array
+
+
+class _ColParams(NamedTuple):
+    """Per-column ([k]) parameters of a block solve."""
+
+    damp: jax.Array
+    atol: jax.Array
+    btol: jax.Array
+    conlim: jax.Array
+    maxiter: jax.Array  # int32
+    aux: jax.Array  # operator parameter per column (the augmented operator's scale), else zeros
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Operators. A spec is static and hashable; its arrays ("leaves") are passed separately as jit arguments.
+# Block products: V [k, n] -> [k, m] (mv) and U [k, m] -> [k, n] (rmv).
+# ----------------------------------------------------------------------------------------------------------
+
+
+class _Spec:
+    m: int
+    n: int
+
+    def mv(self, leaves, V, cp):
+        raise NotImplementedError
+
+    def rmv(self, leaves, U, cp):
+        raise NotImplementedError
+
+    def mv_axpby(self, leaves, V, U, c, cp):
+        """A V - c[:, None] * U."""
+        return self.mv(leaves, V, cp) - c[:, None] * U
+
+    def rmv_axpby(self, leaves, U, V, c, cp):
+        """A^T U - c[:, None] * V."""
+        return self.rmv(leaves, U, cp) - c[:, None] * V
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dense(_Spec):
+    m: int
+    n: int
+
+    def mv(self, leaves, V, cp):
+        (a,) = leaves
+        return jnp.matmul(V, a.T, precision=jax.lax.Precision.HIGHEST)
+
+    def rmv(self, leaves, U, cp):
+        (a,) = leaves
+        return jnp.matmul(U, a, precision=jax.lax.Precision.HIGHEST)
+
+
+@dataclasses.dataclass(frozen=True)
+class _BCOO(_Spec):
+    """jax.experimental.sparse BCOO (n_batch = n_dense = 0), used when jax_ops.sparse.CSRPair is unavailable."""
+
+    m: int
+    n: int
+    treedef: Any
+
+    def _a(self, leaves):
+        return jax.tree_util.tree_unflatten(self.treedef, leaves)
+
+    def mv(self, leaves, V, cp):
+        from jax.experimental import sparse
+
+        return sparse.bcoo_dot_general(
+            self._a(leaves), V, dimension_numbers=(((1,), (1,)), ((), ()))
+        ).T
+
+    def rmv(self, leaves, U, cp):
+        from jax.experimental import sparse
+
+        return sparse.bcoo_dot_general(
+            self._a(leaves), U, dimension_numbers=(((0,), (1,)), ((), ()))
+        ).T
+
+
+@dataclasses.dataclass(frozen=True)
+class _Protocol(_Spec):
+    """An object with shape/matvec/rmatvec (pytree: leaves are its arrays; else held statically)."""
+
+    m: int
+    n: int
+    treedef: Any  # None for a static (non-pytree) object
+    obj: Any = dataclasses.field(default=None, compare=False, hash=False)
+    dtype: Any = None
+
+    def __eq__(self, other):  # static objects compare by identity
+        return (
+            type(other) is _Protocol
+            and (self.m, self.n, self.treedef, self.dtype) == (other.m, other.n, other.treedef, other.dtype)
+            and (self.treedef is not None or self.obj is other.obj)
+        )
+
+    def __hash__(self):
+        return hash((self.m, self.n, self.treedef, self.dtype, id(self.obj) if self.treedef is None else 0))
+
+    def _a(self, leaves):
+        return self.obj if self.treedef is None else jax.tree_util.tree_unflatten(self.treedef, leaves)
+
+    def mv(self, leaves, V, cp):
+        a = self._a(leaves)
+        return jax.vmap(a.matvec)(V).astype(self.dtype)
+
+    def rmv(self, leaves, U, cp):
+        a = self._a(leaves)
+        return jax.vmap(a.rmatvec)(U).astype(self.dtype)
+
+    def mv_axpby(self, leaves, V, U, c, cp):
+        a = self._a(leaves)
+        if hasattr(a, "matvec_axpby"):
+            return jax.vmap(a.matvec_axpby)(V, U, -c).astype(self.dtype)
+        return super().mv_axpby(leaves, V, U, c, cp)
+
+    def rmv_axpby(self, leaves, U, V, c, cp):
+        a = self._a(leaves)
+        if hasattr(a, "rmatvec_axpby"):
+            return jax.vmap(a.rmatvec_axpby)(U, V, -c).astype(self.dtype)
+        return super().rmv_axpby(leaves, U, V, c, cp)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Transposed(_Spec):
+    """A^T (the adjoint solve of the backward pass)."""
+
+    inner: _Spec
+
+    @property
+    def m(self):
+        return self.inner.n
+
+    @property
+    def n(self):
+        return self.inner.m
+
+    def mv(self, leaves, V, cp):
+        return self.inner.rmv(leaves, V, cp)
+
+    def rmv(self, leaves, U, cp):
+        return self.inner.mv(leaves, U, cp)
+
+    def mv_axpby(self, leaves, V, U, c, cp):
+        return self.inner.rmv_axpby(leaves, V, U, c, cp)
+
+    def rmv_axpby(self, leaves, U, V, c, cp):
+        return self.inner.mv_axpby(leaves, U, V, c, cp)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Augmented(_Spec):
+    """[A; diag(cp.aux) I] of shape (m + n, n): per column d = cp.aux (the backward pass' damped solve)."""
+
+    inner: _Spec
+
+    @property
+    def m(self):
+        return self.inner.m + self.inner.n
+
+    @property
+    def n(self):
+        return self.inner.n
+
+    def mv(self, leaves, V, cp):
+        return jnp.concatenate([self.inner.mv(leaves, V, cp), cp.aux[:, None] * V], axis=1)
+
+    def rmv(self, leaves, U, cp):
+        m = self.inner.m
+        return self.inner.rmv(leaves, U[:, :m], cp) + cp.aux[:, None] * U[:, m:]
+
+
+def _csr_pair_class():
+    try:
+        from jax_ops import sparse as ops_sparse  # the sparse family (may not exist yet)
+    except ImportError:
+        return None
+    return getattr(ops_sparse, "CSRPair", None)
+
+
+def _to_csr_pair(a):
+    """BCOO/BCSR -> jax_ops.sparse.CSRPair (once, outside the loop), or None when the sparse module is absent."""
+    cls = _csr_pair_class()
+    if cls is None:
+        return None
+    from jax.experimental import sparse
+
+    if isinstance(a, sparse.BCSR) and hasattr(cls, "from_bcsr"):
+        return cls.from_bcsr(a)
+    if isinstance(a, sparse.BCSR):
+        a = a.to_bcoo()
+    for name in ("from_bcoo", "fromdense_bcoo"):
+        if hasattr(cls, name):
+            return getattr(cls, name)(a)
+    return None
+
+
+def _as_operator(A, dtype, implementation):
+    """(spec, leaves) for ``A``; dense and sparse values are cast to ``dtype``."""
+    from jax.experimental import sparse
+
+    try:
+        import scipy.sparse as sp
+
+        if sp.issparse(A):
+            A = sparse.BCOO.from_scipy_sparse(A)
+    except ImportError:
+        pass
+    if isinstance(A, (sparse.BCOO, sparse.BCSR)):
+        if A.ndim != 2 or A.n_batch or A.n_dense:
+            raise ValueError(
+                f"sparse A must be a 2-D matrix without batch/dense dimensions, got shape {A.shape} "
+                f"(n_batch={A.n_batch}, n_dense={A.n_dense})"
+            )
+        _check_float_dtype("A", A.dtype)
+        if np.dtype(A.dtype) != dtype:
+            A = type(A)((A.data.astype(dtype), *A._bufs[1:]), shape=A.shape)  # noqa: SLF001
+        pair = None if implementation == "xla" else _to_csr_pair(A)
+        if pair is not None:
+            A = pair
+        else:
+            if implementation == "ffi":
+                raise NotImplementedError(
+                    "implementation='ffi' needs jax_ops.sparse.CSRPair for BCOO/BCSR operands, which this build "
+                    "does not provide; use implementation=None or 'xla'"
+                )
+            bcoo = A.to_bcoo() if isinstance(A, sparse.BCSR) else A
+            leaves, treedef = jax.tree_util.tree_flatten(bcoo)
+            return _BCOO(int(A.shape[0]), int(A.shape[1]), treedef), leaves
+    if hasattr(A, "matvec") and hasattr(A, "rmatvec") and hasattr(A, "shape"):
+        if len(tuple(A.shape)) != 2:
+            raise ValueError(f"A.shape must be (m, n), got {tuple(A.shape)}")
+        m, n = (int(s) for s in A.shape)
+        leaves, treedef = jax.tree_util.tree_flatten(A)
+        if all(isinstance(leaf, (jax.Array, np.ndarray, np.generic)) for leaf in leaves) and not (
+            len(leaves) == 1 and leaves[0] is A
+        ):
+            return _Protocol(m, n, treedef, None, dtype), leaves
+        return _Protocol(m, n, None, A, dtype), []
+    if hasattr(A, "shape") and hasattr(A, "dtype"):
+        if len(A.shape) != 2:
+            raise ValueError(f"A must be a 2-D matrix, got shape {tuple(A.shape)}")
+        if not (np.issubdtype(np.dtype(A.dtype), np.floating) or np.issubdtype(np.dtype(A.dtype), np.integer)):
+            raise TypeError(f"A must be real (float or integer), got dtype {np.dtype(A.dtype)}")
+        a = jnp.asarray(A, dtype=dtype)
+        return _Dense(int(A.shape[0]), int(A.shape[1])), [a]
+    raise TypeError(
+        "A must be a dense array, a jax.experimental.sparse BCOO/BCSR, a scipy.sparse matrix, a "
+        f"jax_ops.sparse.CSRPair or an object with shape/matvec/rmatvec; got {type(A).__name__}"
+    )
+
+
+def _check_float_dtype(name, dtype):
+    if np.dtype(dtype) not in _FLOATS:
+        raise TypeError(f"{name} must be float32 or float64, got {np.dtype(dtype)}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The block recurrence.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _norm(x):
+    """Row norms of [k, len]; float32 sums of squares accumulated in float64 when x64 is enabled."""
+    if x.dtype == jnp.float32 and jax.config.jax_enable_x64:
+        x64 = x.astype(jnp.float64)
+        return jnp.sqrt(jnp.sum(x64 * x64, axis=-1)).astype(jnp.float32)
+    return jnp.sqrt(jnp.sum(x * x, axis=-1))
+
+
+def _sym_ortho(a, b):
+    """SciPy's _sym_ortho (stable Givens rotation), elementwise: returns c, s, r with [c s; -s c][a; b] = [r; 0]."""
+    one = jnp.ones_like(a)
+    tau1 = a / b
+    s1 = jnp.sign(b) / jnp.sqrt(one + tau1 * tau1)
+    c1 = s1 * tau1
+    r1 = b / s1
+    tau2 = b / a
+    c2 = jnp.sign(a) / jnp.sqrt(one + tau2 * tau2)
+    s2 = c2 * tau2
+    r2 = a / c2
+    big_b = jnp.abs(b) > jnp.abs(a)
+    c = jnp.where(big_b, c1, c2)
+    s = jnp.where(big_b, s1, s2)
+    r = jnp.where(big_b, r1, r2)
+    a0 = a == 0
+    c = jnp.where(a0, 0, c)
+    s = jnp.where(a0, jnp.sign(b), s)
+    r = jnp.where(a0, jnp.abs(b), r)
+    b0 = b == 0
+    c = jnp.where(b0, jnp.sign(a), c)
+    s = jnp.where(b0, 0, s)
+    r = jnp.where(b0, jnp.abs(a), r)
+    return c, s, r
+
+
+_SCALARS = (
+    "alpha", "beta", "zetabar", "alphabar", "rho", "rhobar", "cbar", "sbar", "betadd", "betad", "rhodold",
+    "tautildeold", "thetatilde", "zeta", "d", "normA2", "maxrbar", "minrbar", "normA", "condA", "normx",
+    "normr", "normar",
+)  # fmt: skip
+
+
+def _fused(implementation):
+    return "xla" if implementation == "xla" else None
+
+
+def _init(spec, leaves, B, X0, cp, implementation):
+    dt = B.dtype
+    k, n = B.shape[0], spec.n
+    zeros_k = jnp.zeros((k,), dt)
+    ones_k = jnp.ones((k,), dt)
+    normb = _norm(B)
+    if X0 is None:
+        x = jnp.zeros((k, n), dt)
+        u = B
+        beta = normb
+    else:
+        x = X0
+        u = B - spec.mv(leaves, X0, cp)
+        beta = _norm(u)
+    pos_b = beta > 0
+    u = u * jnp.where(pos_b, 1 / beta, 1)[:, None]
+    v = jnp.where(pos_b[:, None], spec.rmv(leaves, u, cp), 0)
+    alpha = jnp.where(pos_b, _norm(v), 0)
+    v = v * jnp.where(alpha > 0, 1 / alpha, 1)[:, None]
+
+    s = {
+        "alpha": alpha, "beta": beta, "zetabar": alpha * beta, "alphabar": alpha, "rho": ones_k,
+        "rhobar": ones_k, "cbar": ones_k, "sbar": zeros_k, "betadd": beta, "betad": zeros_k, "rhodold": ones_k,
+        "tautildeold": zeros_k, "thetatilde": zeros_k, "zeta": zeros_k, "d": zeros_k,
+        "normA2": alpha * alpha, "maxrbar": zeros_k, "minrbar": jnp.full((k,), 1e100, dt),
+        "normA": jnp.sqrt(alpha * alpha), "condA": ones_k, "normx": zeros_k, "normr": beta,
+        "normar": alpha * beta,
+    }  # fmt: skip
+    istop = jnp.zeros((k,), jnp.int32)
+    # SciPy: normar == 0 -> return x (x0); else normb == 0 -> return x = 0. Both istop 0, itn 0.
+    done = (s["normar"] == 0) | (normb == 0) | (cp.maxiter <= 0)
+    x = jnp.where(((s["normar"] != 0) & (normb == 0))[:, None], 0, x)
+    bad = ~(jnp.isfinite(normb) & jnp.isfinite(beta))
+    istop = jnp.where(bad, -1, istop)
+    done = done | bad
+    x = jnp.where(bad[:, None], jnp.nan, x)
+    state = {
+        "x": x, "u": u, "v": v, "h": v, "hbar": jnp.zeros((k, n), dt), "itn": jnp.zeros((k,), jnp.int32),
+        "istop": istop, "done": done, **s,
+    }  # fmt: skip
+    return state, normb
+
+
+def _step(spec, leaves, cp, normb, st, implementation):
+    """One guarded LSMR iteration for every column (a done column keeps its state)."""
+    dt = st["x"].dtype
+    active = ~st["done"]
+    new = dict(st)
+    alpha, u, v = st["alpha"], st["u"], st["v"]
+    itn = st["itn"] + 1
+
+    # Bidiagonalisation: beta*u = A v - alpha*u ; alpha*v = A^T u - beta*v.
+    ub = spec.mv_axpby(leaves, v, u, alpha, cp)
+    beta = _norm(ub)
+    pos_b = beta > 0
+    u = ub * jnp.where(pos_b, 1 / beta, 1)[:, None]
+    vb = spec.rmv_axpby(leaves, u, v, beta, cp)
+    alpha_raw = _norm(vb)
+    alpha = jnp.where(pos_b, alpha_raw, alpha)
+    v = jnp.where(pos_b[:, None], vb * jnp.where(alpha_raw > 0, 1 / alpha_raw, 1)[:, None], v)
+
+    # Rotations.
+    chat, shat, alphahat = _sym_ortho(st["alphabar"], cp.damp)
+    rhoold = st["rho"]
+    c, s, rho = _sym_ortho(alphahat, beta)
+    thetanew = s * alpha
+    alphabar = c * alpha
+    rhobarold = st["rhobar"]
+    zetaold = st["zeta"]
+    thetabar = st["sbar"] * rho
+    rhotemp = st["cbar"] * rho
+    cbar, sbar, rhobar = _sym_ortho(st["cbar"] * rho, thetanew)
+    zeta = cbar * st["zetabar"]
+    zetabar = -sbar * st["zetabar"]
+
+    # h, hbar, x (fused kernels); zero coefficients freeze a finished column's x exactly.
+    c_h = jnp.where(active, thetabar * rho / (rhoold * rhobarold), 0).astype(dt)
+    c_x = jnp.where(active, zeta / (rho * rhobar), 0).astype(dt)
+    c_v = jnp.where(active, thetanew / rho, 0).astype(dt)
+    hbar, x = lsmr_kernels.hbar_x_update(st["h"], st["hbar"], st["x"], c_h, c_x, implementation=_fused(implementation))
+    h = lsmr_kernels.h_update(v, st["h"], c_v, implementation=_fused(implementation))
+
+    # Estimate ||r||.
+    betadd = st["betadd"]
+    betaacute = chat * betadd
+    betacheck = -shat * betadd
+    betahat = c * betaacute
+    betadd = -s * betaacute
+    thetatildeold = st["thetatilde"]
+    ctildeold, stildeold, rhotildeold = _sym_ortho(st["rhodold"], thetabar)
+    thetatilde = stildeold * rhobar
+    rhodold = ctildeold * rhobar
+    betad = -stildeold * st["betad"] + ctildeold * betahat
+    tautildeold = (zetaold - thetatildeold * st["tautildeold"]) / rhotildeold
+    taud = (zeta - thetatilde * tautildeold) / rhodold
+    d = st["d"] + betacheck * betacheck
+    normr = jnp.sqrt(d + (betad - taud) ** 2 + betadd * betadd)
+
+    # Estimate ||A|| and cond(A).
+    normA2 = st["normA2"] + beta * beta
+    normA = jnp.sqrt(normA2)
+    normA2 = normA2 + alpha * alpha
+    maxrbar = jnp.maximum(st["maxrbar"], rhobarold)
+    minrbar = jnp.where(itn > 1, jnp.minimum(st["minrbar"], rhobarold), st["minrbar"])
+    condA = jnp.maximum(maxrbar, rhotemp) / jnp.minimum(minrbar, rhotemp)
+
+    # Convergence tests (SciPy's order: later tests win).
+    normar = jnp.abs(zetabar)
+    normx = _norm(x)
+    test1 = normr / normb
+    nr = normA * normr
+    test2 = jnp.where(nr != 0, normar / jnp.where(nr != 0, nr, 1), jnp.inf)
+    test3 = 1 / condA
+    t1 = test1 / (1 + normA * normx / normb)
+    rtol = cp.btol + cp.atol * normA * normx / normb
+    ctol = jnp.where(cp.conlim > 0, 1 / cp.conlim, 0).astype(dt)
+    one = jnp.ones_like(test1)
+    istop = jnp.zeros_like(st["istop"])
+    istop = jnp.where(itn >= cp.maxiter, 7, istop)
+    istop = jnp.where(one + test3 <= one, 6, istop)
+    istop = jnp.where(one + test2 <= one, 5, istop)
+    istop = jnp.where(one + t1 <= one, 4, istop)
+    istop = jnp.where(test3 <= ctol, 3, istop)
+    istop = jnp.where(test2 <= cp.atol, 2, istop)
+    istop = jnp.where(test1 <= rtol, 1, istop)
+    finite = jnp.isfinite(normr) & jnp.isfinite(normar) & jnp.isfinite(normx) & jnp.isfinite(normA)
+    istop = jnp.where(finite, istop, -1)
+
+    upd = {
+        "alpha": alpha, "beta": beta, "zetabar": zetabar, "alphabar": alphabar, "rho": rho, "rhobar": rhobar,
+        "cbar": cbar, "sbar": sbar, "betadd": betadd, "betad": betad, "rhodold": rhodold,
+        "tautildeold": tautildeold, "thetatilde": thetatilde, "zeta": zeta, "d": d, "normA2": normA2,
+        "maxrbar": maxrbar, "minrbar": minrbar, "normA": normA, "condA": condA, "normx": normx, "normr": normr,
+        "normar": normar, "itn": itn, "istop": istop,
+    }  # fmt: skip
+    for key, val in upd.items():
+        new[key] = jnp.where(active, val.astype(st[key].dtype), st[key])
+    new["done"] = st["done"] | (new["istop"] != 0)
+    new.update(u=u, v=v, h=h, hbar=hbar, x=x)
+    return new
+
+
+def _solve_block(spec, has_x0, unroll, implementation, leaves, B, X0, cp):
+    """The block solve: B [k, m] (X0 [k, n]) -> LSMRResult with a leading k."""
+    state, normb = _init(spec, leaves, B, X0 if has_x0 else None, cp, implementation)
+
+    def body(st):
+        for _ in range(unroll):
+            st = _step(spec, leaves, cp, normb, st, implementation)
+        return st
+
+    state = jax.lax.while_loop(lambda st: ~jnp.all(st["done"]), body, state)
+    return LSMRResult(
+        state["x"], state["istop"], state["itn"], state["normr"], state["normar"], state["normA"],
+        state["condA"], state["normx"],
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=64)
+def _block_solver(spec, has_x0: bool, unroll: int, implementation):
+    """custom_vjp(custom_vmap(block solve)) for one static configuration; signature (leaves, B, X0, cp)."""
+
+    def plain(leaves, B, X0, cp):
+        return _solve_block(spec, has_x0, unroll, implementation, leaves, B, X0, cp)
+
+    solve = jax.custom_batching.custom_vmap(plain)
+
+    @solve.def_vmap
+    def _rule(axis_size, in_batched, leaves, B, X0, cp):
+        leaves_b, B_b, X0_b, cp_b = in_batched
+        if any(jax.tree_util.tree_leaves(leaves_b)):
+            # A batched operator (one matrix per batch element): JAX's own batching of the while loop.
+            axes = (
+                [0 if f else None for f in leaves_b],
+                0 if B_b else None,
+                None if X0 is None else (0 if X0_b else None),
+                _ColParams(*(0 if f else None for f in cp_b)),
+            )
+            out = jax.vmap(plain, in_axes=axes)(leaves, B, X0, cp)
+            return out, jax.tree_util.tree_map(lambda _: True, out)
+
+        def flat(a, batched):
+            a = a if batched else jnp.broadcast_to(a, (axis_size, *a.shape))
+            return a.reshape(axis_size * a.shape[1], *a.shape[2:])
+
+        B2 = flat(B, B_b)
+        X02 = None if X0 is None else flat(X0, X0_b)
+        cp2 = _ColParams(*(flat(a, f) for a, f in zip(cp, cp_b)))
+        out = solve(leaves, B2, X02, cp2)  # again through custom_vmap: nested vmaps fold into one block
+        out = jax.tree_util.tree_map(lambda a: a.reshape(axis_size, -1, *a.shape[1:]), out)
+        return out, jax.tree_util.tree_map(lambda _: True, out)
+
+    primal = jax.custom_vjp(solve)
+
+    def fwd(leaves, B, X0, cp):
+        val = lambda t: jax.tree_util.tree_map(lambda p: p.value, t)  # noqa: E731
+        need_a = any(p.perturbed for p in jax.tree_util.tree_leaves(leaves, is_leaf=_is_primal))
+        lv, Bv, X0v, cpv = val(leaves), val(B), None if X0 is None else val(X0), val(cp)
+        out = solve(lv, Bv, X0v, cpv)
+        return out, (lv, Bv, X0v, cpv, out.x, () if need_a else None)
+
+    def bwd(res, g):
+        leaves, B, X0, cp, x, need_a = res
+        gx = g.x
+        if isinstance(gx, SymbolicZero):
+            gx = jnp.zeros(x.shape, x.dtype)
+        zero_aux = jnp.zeros_like(cp.aux)
+        # b̄ = A (A^T A + damp^2 I)^{-1} g: the damped least-squares solution for A^T with right-hand side g.
+        y = _block_solver(_Transposed(spec), False, unroll, implementation)(
+            leaves, gx, None, cp._replace(aux=zero_aux)
+        ).x
+        gX0 = None if X0 is None else gx - spec.rmv(leaves, y, cp)
+        g_leaves = [None] * len(leaves)
+        if need_a is not None:
+            # w = (A^T A + damp^2 I)^{-1} g from one solve on [A; damp I] (damp > 0: rhs [0; g/damp]);
+            # damp == 0: w = A^+ y. Then Ā = r w^T - b̄ x^T with r = b - A x (contracted through A's matvec).
+            d = cp.damp
+            pos = d > 0
+            rhs = jnp.where(
+                pos[:, None],
+                jnp.concatenate([jnp.zeros_like(y), gx / jnp.where(pos, d, 1)[:, None]], axis=1),
+                jnp.concatenate([y, jnp.zeros_like(gx)], axis=1),
+            )
+            w = _block_solver(_Augmented(spec), False, unroll, implementation)(
+                leaves, rhs, None, cp._replace(damp=jnp.zeros_like(d), aux=d)
+            ).x
+            r = B - spec.mv(leaves, x, cp)
+            _, pull = jax.vjp(lambda lv: (spec.mv(lv, w, cp), spec.mv(lv, x, cp)), list(leaves))
+            (g_leaves,) = pull((r, -y))
+            g_leaves = [
+                None if (not jnp.issubdtype(jnp.asarray(l0).dtype, jnp.inexact)) else gl
+                for l0, gl in zip(leaves, g_leaves)
+            ]
+        return g_leaves, y, gX0, None
+
+    primal.defvjp(fwd, bwd, symbolic_zeros=True)
+    return primal
+
+
+def _is_primal(x):
+    return type(x).__name__ == "CustomVJPPrimal"
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _solve_jit(spec, has_x0, unroll, implementation, leaves, B, X0, cp):
+    return _block_solver(spec, has_x0, unroll, implementation)(leaves, B, X0, cp)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Public API.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _scalar(name, value, dtype):
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        if math.isnan(float(value)):
+            raise ValueError(f"{name} must not be NaN")
+        return jnp.full((1,), value, dtype), float(value)
+    arr = jnp.asarray(value)
+    if arr.shape != ():
+        raise ValueError(f"{name} must be a scalar, got shape {arr.shape} (vmap over it for per-column values)")
+    if not jnp.issubdtype(arr.dtype, jnp.floating) and not jnp.issubdtype(arr.dtype, jnp.integer):
+        raise TypeError(f"{name} must be a real number, got dtype {arr.dtype}")
+    concrete = None if isinstance(arr, jax.core.Tracer) else float(arr)
+    return arr.astype(dtype).reshape(1), concrete
+
+
+def lsmr(
+    A: Any,
+    b: jax.Array,
+    damp: float | jax.Array = 0.0,
+    atol: float | jax.Array = 1e-6,
+    btol: float | jax.Array = 1e-6,
+    conlim: float | jax.Array = 1e8,
+    maxiter: int | jax.Array | None = None,
+    x0: jax.Array | None = None,
+    *,
+    implementation: str | None = None,
+    unroll: int | None = None,
+) -> LSMRResult:
+    """Iterative solver for least-squares problems, ``scipy.sparse.linalg.lsmr`` semantics, jittable.
+
+    Solves ``min_x ||b - A x||_2^2 + damp^2 ||x - x0||_2^2``-style problems exactly as SciPy does (with ``x0``,
+    LSMR solves for the correction ``x - x0`` and damps the correction).
+
+    Args:
+      A: ``[m, n]`` operator: dense array, ``jax.experimental.sparse.BCOO``/``BCSR``, ``scipy.sparse`` matrix,
+        ``jax_ops.sparse.CSRPair``, or an object with ``shape``, ``matvec`` and ``rmatvec`` (see module doc).
+      b: ``[m]`` float32 or float64 right-hand side; its dtype sets the precision. ``jax.vmap`` over ``b``
+        (and/or ``x0``, ``damp``, ``atol``, ...) runs one block solve for all right-hand sides.
+      damp, atol, btol, conlim: as in SciPy (Python numbers or scalar arrays; traced values do not recompile).
+      maxiter: iteration limit, default ``min(m, n)`` (SciPy's default).
+      x0: optional ``[n]`` initial guess.
+      implementation: ``None`` (fused FFI kernels, CSRPair for sparse inputs when available), ``"ffi"`` (raise
+        when a kernel path is unavailable) or ``"xla"`` (jnp recurrences and jax.experimental.sparse products).
+      unroll: LSMR iterations per ``while_loop`` trip (default 1 on CPU, 4 on GPU); results do not depend on it.
+
+    Returns:
+      :class:`LSMRResult` ``(x, istop, itn, normr, normar, norma, conda, normx)``. ``istop`` is SciPy's code
+      0..7, or -1 when a non-finite value is met inside ``jit`` (then ``x`` is NaN or not a solution); outside
+      ``jit`` a non-finite ``b``/``x0`` raises ``ValueError`` instead.
+
+    Gradients: ``x`` is differentiable w.r.t. ``b`` and the matrix values (dense entries, sparse ``data``, a pytree
+    operator's float leaves) by a ``custom_vjp`` that solves the adjoint least-squares problems with the same
+    tolerances, assuming the forward solve converged and ``A`` has full column rank or ``damp > 0``
+    (``b``'s cotangent is exact for any rank at ``damp = 0``). ``x0`` gets the cotangent of
+    ``x = x0 + (A^T A + damp^2 I)^{-1} A^T (b - A x0)``; ``damp``/tolerances and the other outputs are not
+    differentiated.
+    """
+    _checks.check_implementation(implementation)
+    _checks.check_array("b", b)
+    b = jnp.asarray(b)
+    _check_float_dtype("b", b.dtype)
+    if b.ndim != 1:
+        raise ValueError(f"b must be a vector [m], got shape {tuple(b.shape)}; use jax.vmap for several right-hand sides")
+    dtype = np.dtype(b.dtype)
+    spec, leaves = _as_operator(A, dtype, implementation)
+    m, n = spec.m, spec.n
+    if b.shape[0] != m:
+        raise ValueError(f"b has shape {tuple(b.shape)} but A has shape ({m}, {n}): b must have length {m}")
+    if x0 is not None:
+        _checks.check_array("x0", x0)
+        x0 = jnp.asarray(x0)
+        if x0.shape != (n,):
+            raise ValueError(f"x0 has shape {tuple(x0.shape)} but A has shape ({m}, {n}): x0 must have shape ({n},)")
+        if not jnp.issubdtype(x0.dtype, jnp.floating):
+            raise TypeError(f"x0 must be a float array, got dtype {x0.dtype}")
+        x0 = x0.astype(dtype)
+    damp_a, damp_c = _scalar("damp", damp, dtype)
+    if damp_c is not None and damp_c < 0:
+        raise ValueError(f"damp must be >= 0, got {damp_c}")
+    atol_a, atol_c = _scalar("atol", atol, dtype)
+    btol_a, btol_c = _scalar("btol", btol, dtype)
+    for name, c in (("atol", atol_c), ("btol", btol_c)):
+        if c is not None and c < 0:
+            raise ValueError(f"{name} must be >= 0, got {c}")
+    conlim_a, _ = _scalar("conlim", conlim, dtype)
+    if maxiter is None:
+        maxiter = min(m, n)
+    if isinstance(maxiter, (bool, np.bool_)) or (isinstance(maxiter, float) and not float(maxiter).is_integer()):
+        raise TypeError(f"maxiter must be an integer, got {maxiter!r}")
+    if isinstance(maxiter, (int, np.integer, float)):
+        if maxiter < 0:
+            raise ValueError(f"maxiter must be >= 0, got {maxiter}")
+        maxiter_a = jnp.full((1,), min(int(maxiter), np.iinfo(np.int32).max), jnp.int32)
+    else:
+        maxiter_a = jnp.asarray(maxiter).astype(jnp.int32).reshape(1)
+    for name, val in (("b", b), ("x0", x0)):
+        if val is not None and not isinstance(val, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(val))):
+            raise ValueError(f"{name} contains NaN or Inf")
+    if unroll is None:
+        unroll = 4 if jax.default_backend() == "gpu" else 1
+    if int(unroll) < 1:
+        raise ValueError(f"unroll must be >= 1, got {unroll}")
+    cp = _ColParams(damp_a, atol_a, btol_a, conlim_a, maxiter_a, jnp.zeros((1,), dtype))
+    X0 = None if x0 is None else x0[None]
+    out = _solve_jit(spec, x0 is not None, int(unroll), implementation, leaves, b[None], X0, cp)
+    return jax.tree_util.tree_map(lambda a: a[0], out)
