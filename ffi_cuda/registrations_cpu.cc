@@ -5,6 +5,7 @@
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHbarXCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsSparseCsrSpmmCpu);
 
 namespace nb = nanobind;
 
@@ -13,6 +14,7 @@ NB_MODULE(_jax_ops_cpu, m) {
     nb::dict targets;
     targets["jax_ops_lsmr_hbar_x"] = jax_ops::HandlerCapsule(JaxOpsLsmrHbarXCpu);
     targets["jax_ops_lsmr_h"] = jax_ops::HandlerCapsule(JaxOpsLsmrHCpu);
+    targets["jax_ops_sparse_csr_spmm"] = jax_ops::HandlerCapsule(JaxOpsSparseCsrSpmmCpu);
     return targets;
   });
 }

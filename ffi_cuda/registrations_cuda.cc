@@ -6,6 +6,7 @@
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHbarXCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsSparseCsrSpmmCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsRuntimeInfoCuda);
 
 namespace nb = nanobind;
@@ -15,6 +16,7 @@ NB_MODULE(_jax_ops_cuda, m) {
     nb::dict targets;
     targets["jax_ops_lsmr_hbar_x"] = jax_ops::HandlerCapsule(JaxOpsLsmrHbarXCuda);
     targets["jax_ops_lsmr_h"] = jax_ops::HandlerCapsule(JaxOpsLsmrHCuda);
+    targets["jax_ops_sparse_csr_spmm"] = jax_ops::HandlerCapsule(JaxOpsSparseCsrSpmmCuda);
     targets["jax_ops_runtime_info"] = jax_ops::HandlerCapsule(JaxOpsRuntimeInfoCuda);
     return targets;
   });

@@ -1,0 +1,696 @@
+"""Sparse SpMV/SpMM over CSR (``jax.experimental.sparse`` BCSR/BCOO, scipy.sparse) with row-profile dispatch.
+
+Public API:
+  * ``matmul(A, B)`` / ``spmv(A, x)`` / ``spmm(A, B)`` for ``A`` a 2-D BCSR, BCOO (n_batch=0, n_dense=0) or
+    :class:`CSRPair`, ``B`` dense ``[K]`` or ``[K, N]``; ``matmul(B, A)`` for dense ``B`` ``[M]`` / ``[N, M]``.
+  * :class:`CSRPair`: CSR(A) and CSR(Aᵀ) built once (the transpose on device, with ``jax.lax.sort``) plus the
+    row profiles of both, which pick the kernel statically. ``.matvec``, ``.rmatvec`` (a row-major sweep of
+    CSR(Aᵀ), no atomics), ``.matmat``, ``.rmatmat``, ``.T``, ``.shape``, ``.dtype``. Every product takes the fused
+    epilogue ``out = alpha * (A @ B) + beta * y`` (alpha/beta run-time 0-d or per-column arrays), which is what
+    LSMR's ``u <- A v - alpha u`` needs in one pass.
+
+Dtypes: values f16, bf16, f32, f64 (the dense operand has the same dtype; half types accumulate in f32, f64 in
+f64), int32 indices. nnz and dims must be < 2^31.
+
+Semantics: BCOO entries with an index out of range are padding and contribute nothing; duplicates are summed;
+unsorted BCOO is sorted once when converted. Invalid BCSR never reads or writes out of bounds: each row r uses
+[clamp(indptr[r], 0, nnz), clamp(indptr[r+1], that, nnz)) (a decreasing indptr gives an empty row), and entries
+whose column is outside [0, K) contribute nothing. A CSRPair (and the "split" algorithm) first makes indptr
+monotone (running maximum of the clamped indptr), so on invalid input the two may differ; both are finite
+and write every output.
+
+Gradients: ``custom_vjp`` w.r.t. the values (the sampled product g[row]·B[col]), the dense operand (Aᵀ g through
+the pair's transpose, or a transpose built in the backward pass for plain BCSR/BCOO), and alpha, beta, y.
+
+Batching: ``vmap`` over the dense operand (and y/alpha/beta) folds the batch into SpMM columns — one kernel call,
+never a loop. Batched matrices (values under vmap) fall back to ``lax.map``; BCOO/BCSR with n_batch > 0 are
+rejected.
+
+Partitioning: row-independent. Under ``jax.shard_map`` shard the dense operand over N (columns) and replicate
+the matrix: each shard runs SpMM on its local columns with no communication.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_ops import _checks, _ffi
+
+__all__ = ["CSRPair", "RowProfile", "csr_pair", "matmul", "spmm", "spmv", "ALGORITHMS"]
+
+ALGORITHMS = ("vector", "warp", "cta", "split")
+_ALG_CODE = {"vector": 0, "warp": 0, "cta": 1, "split": 2}
+_VALUE_DTYPES = tuple(np.dtype(d) for d in (np.float16, jnp.bfloat16, np.float32, np.float64))
+_INT32_MAX = 2**31 - 1
+DEFAULT_SPLIT_CHUNK = 1024  # nnz per work unit of a long row
+
+
+def _acc_dtype(dtype) -> np.dtype:
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+def _is_concrete(*xs) -> bool:
+    return not any(isinstance(x, jax.core.Tracer) for x in xs)
+
+
+def _next_pow2(v: float) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(v, 1.0))))
+
+
+# ----------------------------------------------------------------------------------------------- row profile
+@dataclasses.dataclass(frozen=True)
+class RowProfile:
+    """Row-length statistics of a CSR matrix (computed on the host from a concrete indptr)."""
+
+    rows: int
+    nnz: int
+    avg: float
+    p95: float
+    max: int
+    cv: float  # coefficient of variation (std / mean)
+
+    @staticmethod
+    def from_indptr(indptr: np.ndarray) -> RowProfile:
+        indptr = np.asarray(indptr, np.int64)
+        lens = np.diff(indptr)
+        m = int(lens.size)
+        if m == 0:
+            return RowProfile(0, 0, 0.0, 0.0, 0, 0.0)
+        avg = float(lens.mean())
+        return RowProfile(
+            rows=m,
+            nnz=int(indptr[-1] - indptr[0]),
+            avg=avg,
+            p95=float(np.percentile(lens, 95)),
+            max=int(lens.max()),
+            cv=float(lens.std() / avg) if avg > 0 else 0.0,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Static kernel choice for one CSR matrix: algorithm, lanes per row (SpMV), split chunk and work units."""
+
+    algorithm: str = "vector"
+    group: int = 32
+    chunk: int = 0
+    units: int = 0  # split work units (workspace rows); 0 otherwise
+
+
+def _vector_group(avg: float) -> int:
+    # About two nnz per lane (the SpMV kernel keeps two gathers in flight per lane).
+    return int(min(32, max(2, _next_pow2(avg / 2.0))))
+
+
+def choose_algorithm(profile: RowProfile | None, m: int, nnz: int) -> str:
+    """The dispatch rule (docs/sparse.md): split for power-law/straggler rows, CTA-per-row for long uniform rows,
+    warp-per-row for medium rows, sub-warp vector groups for short rows. Without a profile (traced input) the
+    average row length, which is static, picks vector or warp."""
+    avg = nnz / m if m else 0.0
+    if profile is None:
+        return "warp" if avg >= 48 else "vector"
+    avg = profile.avg
+    if profile.max > max(2048, 32 * avg):
+        return "split"
+    if avg >= 512 and profile.cv < 1.0:
+        return "cta"
+    if avg >= 48:
+        return "warp"
+    return "vector"
+
+
+def _group_for(algorithm: str, profile: RowProfile | None, m: int, nnz: int) -> int:
+    if algorithm in ("warp", "cta"):
+        return 32
+    avg = profile.avg if profile is not None else (nnz / m if m else 0.0)
+    if algorithm == "split" and profile is not None:
+        # short rows only: their lengths are bounded by the chunk; use the p95 as the typical length
+        avg = min(avg, profile.p95)
+    return _vector_group(avg)
+
+
+# ------------------------------------------------------------------------------------------- CSR conversion
+def _check_sizes(m: int, k: int, nnz: int) -> None:
+    for name, v in (("rows", m), ("columns", k), ("nnz", nnz)):
+        if v > _INT32_MAX - 1:
+            raise ValueError(f"sparse matrix {name} = {v} >= 2^31 - 1 is not supported (int32 indices)")
+
+
+def _check_value_dtype(name: str, dtype) -> None:
+    if np.dtype(dtype) not in _VALUE_DTYPES:
+        raise TypeError(f"{name} must have dtype float16, bfloat16, float32 or float64, got {np.dtype(dtype)}")
+
+
+def _sanitize_indptr(indptr: jax.Array, nnz: int) -> jax.Array:
+    """Monotone indptr within [0, nnz] (identity on valid input)."""
+    if indptr.shape[0] == 0:
+        return indptr
+    return lax.cummax(jnp.clip(indptr, 0, nnz), axis=0).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _coo_to_csr(data, rows, cols, m: int, k: int):
+    """Sorts COO triplets by (row, col); out-of-range entries (padding) go past indptr[m]."""
+    valid = (rows >= 0) & (rows < m) & (cols >= 0) & (cols < k)
+    r = jnp.where(valid, rows, m).astype(jnp.int32)
+    c = jnp.where(valid, cols, 0).astype(jnp.int32)
+    r, c, d = lax.sort((r, c, data), num_keys=2)
+    indptr = jnp.searchsorted(r, jnp.arange(m + 1, dtype=jnp.int32), side="left").astype(jnp.int32)
+    return indptr, c, d
+
+
+def _row_ids(indptr: jax.Array, nnz: int) -> tuple[jax.Array, jax.Array]:
+    """Row of every position of a monotone indptr and whether the position lies inside some row."""
+    p = jnp.arange(nnz, dtype=jnp.int32)
+    m = indptr.shape[0] - 1
+    row = jnp.searchsorted(indptr, p, side="right").astype(jnp.int32) - 1
+    inside = (p >= indptr[0]) & (p < indptr[m]) if m >= 0 else jnp.zeros((nnz,), bool)
+    return jnp.clip(row, 0, max(m - 1, 0)), inside
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _transpose_csr(indptr, indices, values, m: int, k: int):
+    """CSR(Aᵀ) from a CSR(A) with a monotone indptr: a stable 2-key sort by (column, row) on device."""
+    nnz = indices.shape[0]
+    row, inside = _row_ids(indptr, nnz)
+    valid = inside & (indices >= 0) & (indices < k)
+    key = jnp.where(valid, indices, k).astype(jnp.int32)
+    key, row_t, values_t = lax.sort((key, row, values), num_keys=2)
+    indptr_t = jnp.searchsorted(key, jnp.arange(k + 1, dtype=jnp.int32), side="left").astype(jnp.int32)
+    return indptr_t, row_t, values_t
+
+
+def _as_csr(A) -> tuple[jax.Array, jax.Array, jax.Array, int, int, bool]:
+    """(indptr, indices, values, M, K, is_bcsr) of a BCSR/BCOO/scipy matrix; rejects batched/dense dims."""
+    from jax.experimental import sparse as jsparse
+
+    if isinstance(A, (jsparse.BCSR, jsparse.BCOO)):
+        kind = type(A).__name__
+        if A.n_batch != 0 or A.n_dense != 0 or A.ndim != 2:
+            raise ValueError(
+                f"A must be a 2-D {kind} with n_batch=0 and n_dense=0, got shape {A.shape}, n_batch={A.n_batch}, "
+                f"n_dense={A.n_dense}; batched sparse matrices are not supported (vmap over the dense operand "
+                "instead)"
+            )
+        m, k = (int(d) for d in A.shape)
+        nnz = int(A.data.shape[0])
+        _check_sizes(m, k, nnz)
+        _check_value_dtype("A.data", A.data.dtype)
+        if isinstance(A, jsparse.BCSR):
+            return A.indptr.astype(jnp.int32), A.indices.astype(jnp.int32), A.data, m, k, True
+        indptr, cols, data = _coo_to_csr(A.data, A.indices[:, 0], A.indices[:, 1], m, k)
+        return indptr, cols, data, m, k, False
+    if type(A).__module__.startswith("scipy.sparse") and hasattr(A, "tocsr"):
+        csr = A.tocsr()
+        m, k = (int(d) for d in csr.shape)
+        _check_sizes(m, k, int(csr.nnz))
+        _check_value_dtype("A.data", csr.data.dtype)
+        return (
+            jnp.asarray(np.asarray(csr.indptr, np.int32)),
+            jnp.asarray(np.asarray(csr.indices, np.int32)),
+            jnp.asarray(csr.data),
+            m,
+            k,
+            True,
+        )
+    raise TypeError(
+        f"A must be a jax.experimental.sparse BCSR/BCOO, a scipy.sparse matrix or a CSRPair, got {type(A).__name__}"
+    )
+
+
+# ------------------------------------------------------------------------------------------ long-row lists
+def _long_rows_host(indptr: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, int]:
+    lens = np.diff(np.asarray(indptr, np.int64))
+    rows = np.nonzero(lens > chunk)[0].astype(np.int32)
+    units = -(-lens[rows] // chunk)
+    ptr = np.concatenate([[0], np.cumsum(units)]).astype(np.int64)
+    if ptr[-1] > _INT32_MAX:
+        raise ValueError("too many split work units")
+    return rows, ptr.astype(np.int32), int(ptr[-1])
+
+
+def _long_rows_traced(indptr: jax.Array, nnz: int, chunk: int) -> tuple[jax.Array, jax.Array, int]:
+    """Long-row lists with static upper bounds on their sizes (padding rows own zero units)."""
+    lens = indptr[1:] - indptr[:-1]
+    is_long = lens > chunk
+    l_max = nnz // (chunk + 1)
+    units_max = nnz // chunk + l_max
+    if l_max == 0:
+        return jnp.zeros((0,), jnp.int32), jnp.zeros((1,), jnp.int32), 0
+    rows = jnp.nonzero(is_long, size=l_max, fill_value=0)[0].astype(jnp.int32)
+    valid = jnp.arange(l_max) < jnp.sum(is_long)
+    units = jnp.where(valid, (lens[rows] + chunk - 1) // chunk, 0)
+    ptr = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(units).astype(jnp.int32)])
+    return rows, ptr, units_max
+
+
+_EMPTY_LONG = (np.zeros((0,), np.int32), np.zeros((1,), np.int32))
+
+
+def _make_plan(indptr, nnz: int, m: int, profile: RowProfile | None, algorithm: str | None,
+               split_chunk: int | None):
+    """(Plan, long_rows, long_ptr). ``indptr`` must already be monotone when the plan is split."""
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS} or None, got {algorithm!r}")
+    alg = algorithm or choose_algorithm(profile, m, nnz)
+    group = _group_for(alg, profile, m, nnz)
+    if alg != "split":
+        return Plan(alg, group, 0, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
+    chunk = int(split_chunk or DEFAULT_SPLIT_CHUNK)
+    if chunk < 1:
+        raise ValueError(f"split_chunk must be >= 1, got {chunk}")
+    if _is_concrete(indptr):
+        rows, ptr, units = _long_rows_host(np.asarray(indptr), chunk)
+        return Plan(alg, group, chunk, units), jnp.asarray(rows), jnp.asarray(ptr)
+    rows, ptr, units = _long_rows_traced(indptr, nnz, chunk)
+    return Plan(alg, group, chunk, units), rows, ptr
+
+
+# ------------------------------------------------------------------------------------------- kernel core
+def _xla_spmm(indptr, indices, values, b2, alpha, beta, y):
+    """Reference (implementation="xla"): same semantics for a monotone indptr, accumulating in Acc."""
+    m = indptr.shape[0] - 1
+    k = b2.shape[0]
+    acc = _acc_dtype(values.dtype)
+    nnz = indices.shape[0]
+    row, inside = _row_ids(indptr, nnz)
+    valid = inside & (indices >= 0) & (indices < k)
+    col = jnp.clip(indices, 0, max(k - 1, 0))
+    if k == 0 or nnz == 0:
+        prod = jnp.zeros((m, b2.shape[1]), acc)
+    else:
+        contrib = jnp.where(valid, values.astype(acc), 0)[:, None] * b2[col].astype(acc)
+        prod = jax.ops.segment_sum(contrib, row, num_segments=m)
+    out = alpha[None, :] * prod
+    if y.size:
+        out = out + beta[None, :] * y.astype(acc)
+    return out.astype(values.dtype)
+
+
+def _ffi_spmm(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr, *, plan: Plan):
+    m = indptr.shape[0] - 1
+    n = b2.shape[1]
+    acc = _acc_dtype(values.dtype)
+    out = jax.ShapeDtypeStruct((m, n), values.dtype)
+    ws = jax.ShapeDtypeStruct((max(plan.units * n, 1),), acc)
+    aliases = {6: 0} if y.size else None
+    res, _ = _ffi.ffi_call(
+        "jax_ops_sparse_csr_spmm",
+        (out, ws),
+        indptr,
+        indices,
+        values,
+        b2,
+        alpha,
+        beta,
+        y,
+        long_rows,
+        long_ptr,
+        input_output_aliases=aliases,
+        algorithm=np.int32(_ALG_CODE[plan.algorithm]),
+        group=np.int32(plan.group),
+        chunk=np.int64(plan.chunk),
+    )
+    return res
+
+
+@functools.lru_cache(maxsize=None)
+def _core(plan: Plan, implementation: str | None):
+    """``out[M, N] = alpha * (A @ b2) + beta * y`` as a custom_vmap'd kernel call (vmap folds into N)."""
+
+    @jax.custom_batching.custom_vmap
+    def core(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr):
+        if implementation == "xla":
+            return _xla_spmm(indptr, indices, values, b2, alpha, beta, y)
+        return _ffi_spmm(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr, plan=plan)
+
+    @core.def_vmap
+    def _rule(axis_size, in_batched, indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr):
+        args = (indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr)
+        if any(in_batched[i] for i in (0, 1, 2, 7, 8)):
+            # A batch of matrices: not a hot path (documented); one kernel call per matrix.
+            full = tuple(a if bt else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, bt in zip(args, in_batched))
+            return lax.map(lambda xs: core(*xs), full), True
+        v = axis_size
+        k, n = b2.shape[-2], b2.shape[-1]
+        m = indptr.shape[0] - 1
+
+        def full(x, batched):
+            return x if batched else jnp.broadcast_to(x, (v, *x.shape))
+
+        bf = jnp.moveaxis(full(b2, in_batched[3]), 0, 1).reshape(k, v * n)
+        af = full(alpha, in_batched[4]).reshape(v * n)
+        betaf = full(beta, in_batched[5]).reshape(v * n)
+        if y.size == 0:
+            yf = jnp.zeros((0,), values.dtype)
+        else:
+            yf = jnp.moveaxis(full(y, in_batched[6]), 0, 1).reshape(m, v * n)
+        out = core(indptr, indices, values, bf, af, betaf, yf, long_rows, long_ptr)
+        return jnp.moveaxis(out.reshape(m, v, n), 1, 0), True
+
+    return core
+
+
+# ------------------------------------------------------------------------------------ differentiable op
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    m: int
+    k: int
+    plan: Plan
+    plan_t: Plan | None  # None: no transposed CSR given (built in the backward pass)
+    implementation: str | None
+
+
+def _sampled(indptr, indices, g, b2, k):
+    """d/d values: sum_n g[row_p, n] * b2[col_p, n] for valid positions, 0 elsewhere."""
+    nnz = indices.shape[0]
+    acc = _acc_dtype(g.dtype)
+    row, inside = _row_ids(indptr, nnz)
+    valid = inside & (indices >= 0) & (indices < k)
+    col = jnp.clip(indices, 0, max(k - 1, 0))
+    if nnz == 0 or k == 0 or g.shape[0] == 0:
+        return jnp.zeros((nnz,), acc)
+    s = jnp.sum(g[row].astype(acc) * b2[col].astype(acc), axis=-1)
+    return jnp.where(valid, s, 0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _apply(st: _Static, a_arrays, t_arrays, values, t_values, b2, alpha, beta, y):
+    indptr, indices, long_rows, long_ptr = a_arrays
+    return _core(st.plan, st.implementation)(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr)
+
+
+def _apply_fwd(st, a_arrays, t_arrays, values, t_values, b2, alpha, beta, y):
+    out = _apply(st, a_arrays, t_arrays, values, t_values, b2, alpha, beta, y)
+    return out, (a_arrays, t_arrays, values, t_values, b2, alpha, beta, y)
+
+
+def _apply_bwd(st, res, g):
+    a_arrays, t_arrays, values, t_values, b2, alpha, beta, y = res
+    indptr, indices, long_rows, long_ptr = a_arrays
+    acc = _acc_dtype(values.dtype)
+    n = b2.shape[1]
+    ga = (g.astype(acc) * alpha[None, :]).astype(values.dtype)
+    ones = jnp.ones((n,), acc)
+    empty = jnp.zeros((0,), values.dtype)
+    # dB = Aᵀ (alpha * g): a row-major sweep of CSR(Aᵀ)
+    if st.plan_t is not None:
+        t_indptr, t_indices, t_long_rows, t_long_ptr = t_arrays
+        gb = _core(st.plan_t, st.implementation)(
+            t_indptr, t_indices, t_values, ga, ones, ones, empty, t_long_rows, t_long_ptr
+        )
+    else:
+        mono = _sanitize_indptr(indptr, indices.shape[0])
+        t_indptr, t_indices, tv = _transpose_csr(mono, indices, values, st.m, st.k)
+        plan_t, t_lr, t_lp = _make_plan(t_indptr, indices.shape[0], st.k, None, None, None)
+        gb = _core(plan_t, st.implementation)(t_indptr, t_indices, tv, ga, ones, ones, empty, t_lr, t_lp)
+    mono = _sanitize_indptr(indptr, indices.shape[0])
+    gv = _sampled(mono, indices, ga, b2, st.k).astype(values.dtype)
+    # d alpha = sum_rows g * (A b2) (recomputed; dead code under jit when alpha is a constant)
+    ab = _core(st.plan, st.implementation)(indptr, indices, values, b2, ones, ones, empty, long_rows, long_ptr)
+    galpha = jnp.sum(g.astype(acc) * ab.astype(acc), axis=0)
+    if y.size:
+        gbeta = jnp.sum(g.astype(acc) * y.astype(acc), axis=0)
+        gy = (g.astype(acc) * beta[None, :]).astype(y.dtype)
+    else:
+        gbeta = jnp.zeros_like(beta)
+        gy = jnp.zeros_like(y)
+    zero_like = lambda t: jax.tree_util.tree_map(lambda x: np.zeros(x.shape, jax.dtypes.float0), t)
+    return (zero_like(a_arrays), zero_like(t_arrays), gv, jnp.zeros_like(t_values), gb.astype(b2.dtype), galpha,
+            gbeta, gy)
+
+
+_apply.defvjp(_apply_fwd, _apply_bwd)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _coef(name: str, c, n: int, acc: np.dtype, default: float) -> jax.Array:
+    if c is None:
+        return jnp.full((n,), default, acc)
+    if isinstance(c, (int, float)) and not isinstance(c, bool):
+        return jnp.full((n,), c, acc)
+    _checks.check_array(name, c)
+    if not jnp.issubdtype(c.dtype, jnp.floating):
+        raise TypeError(f"{name} must be a floating-point scalar or array, got dtype {np.dtype(c.dtype)}")
+    if tuple(c.shape) not in ((), (n,)):
+        raise ValueError(f"{name} must be 0-d or have shape ({n},) (one per column), got {tuple(c.shape)}")
+    return jnp.broadcast_to(jnp.asarray(c).astype(acc), (n,))
+
+
+def _dense(name: str, x, rows: int, dtype, *, what: str) -> tuple[jax.Array, bool]:
+    """x as [rows, N] and whether it was a vector. Raises naming ``name``."""
+    _checks.check_array(name, x)
+    if x.ndim not in (1, 2):
+        raise ValueError(f"{name} must be a vector [{rows}] or a matrix [{rows}, N], got shape {tuple(x.shape)}")
+    if x.shape[0] != rows:
+        raise ValueError(f"{name} has shape {tuple(x.shape)} but {what} needs {rows} rows")
+    if np.dtype(x.dtype) != np.dtype(dtype):
+        raise TypeError(f"{name} has dtype {np.dtype(x.dtype)} but the sparse matrix has dtype {np.dtype(dtype)}")
+    x = jnp.asarray(x)
+    return (x[:, None], True) if x.ndim == 1 else (x, False)
+
+
+# ------------------------------------------------------------------------------------------------ CSRPair
+@dataclasses.dataclass(frozen=True)
+class CSRPair:
+    """CSR(A) and CSR(Aᵀ) of one matrix with their row profiles and static kernel plans (a registered pytree).
+
+    Build with :meth:`from_matrix` (or :func:`csr_pair`) from a BCSR, BCOO or scipy.sparse matrix. The profile is
+    computed on the host when the inputs are concrete (outside ``jit``); inside ``jit`` the plan falls back to
+    the static average row length. Gradients w.r.t. values arrive on the leaf the product used (``values`` for
+    ``matvec``/``matmat``, ``values_t`` for ``rmatvec``/``rmatmat``).
+    """
+
+    indptr: jax.Array
+    indices: jax.Array
+    values: jax.Array
+    long_rows: jax.Array
+    long_ptr: jax.Array
+    indptr_t: jax.Array
+    indices_t: jax.Array
+    values_t: jax.Array
+    long_rows_t: jax.Array
+    long_ptr_t: jax.Array
+    shape: tuple[int, int]
+    plan: Plan
+    plan_t: Plan
+    profile: RowProfile | None
+    profile_t: RowProfile | None
+    implementation: str | None = None
+
+    @classmethod
+    def from_matrix(
+        cls,
+        A,
+        *,
+        algorithm: str | None = None,
+        transpose_algorithm: str | None = None,
+        split_chunk: int | None = None,
+        implementation: str | None = None,
+    ) -> CSRPair:
+        """Builds the pair. ``algorithm``/``transpose_algorithm`` override the profile's choice (testing);
+        ``split_chunk`` sets the nnz per work unit of the split algorithm."""
+        _checks.check_implementation(implementation)
+        if isinstance(A, CSRPair):
+            return A
+        indptr, indices, values, m, k, _ = _as_csr(A)
+        nnz = int(indices.shape[0])
+        indptr = _sanitize_indptr(indptr, nnz)
+        indptr_t, indices_t, values_t = _transpose_csr(indptr, indices, values, m, k)
+        concrete = _is_concrete(indptr, indptr_t)
+        prof = RowProfile.from_indptr(np.asarray(indptr)) if concrete else None
+        prof_t = RowProfile.from_indptr(np.asarray(indptr_t)) if concrete else None
+        plan, lr, lp = _make_plan(indptr, nnz, m, prof, algorithm, split_chunk)
+        plan_t, lr_t, lp_t = _make_plan(indptr_t, nnz, k, prof_t, transpose_algorithm, split_chunk)
+        return cls(indptr, indices, values, lr, lp, indptr_t, indices_t, values_t, lr_t, lp_t, (m, k), plan, plan_t,
+                   prof, prof_t, implementation)
+
+    # -- properties
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.values.dtype)
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indices.shape[0])
+
+    @property
+    def T(self) -> CSRPair:  # noqa: N802
+        return CSRPair(self.indptr_t, self.indices_t, self.values_t, self.long_rows_t, self.long_ptr_t, self.indptr,
+                       self.indices, self.values, self.long_rows, self.long_ptr, (self.shape[1], self.shape[0]),
+                       self.plan_t, self.plan, self.profile_t, self.profile, self.implementation)
+
+    # -- products
+    def _product(self, transpose: bool, b, alpha, beta, y, name: str):
+        m, k = self.shape
+        if transpose:
+            m, k = k, m
+        b2, vec = _dense(name, b, k, self.dtype, what=f"{'Aᵀ' if transpose else 'A'} of shape {(m, k)}")
+        n = b2.shape[1]
+        acc = _acc_dtype(self.dtype)
+        if y is None:
+            y2 = jnp.zeros((0,), self.dtype)
+            if beta is not None:
+                raise ValueError("beta was given without y")
+        else:
+            y2, _ = _dense("y", y, m, self.dtype, what="the output")
+            if tuple(y2.shape) != (m, n):
+                raise ValueError(f"y must have the output's shape {(m,) if vec else (m, n)}, got {tuple(y.shape)}")
+        alpha_a = _coef("alpha", alpha, n, acc, 1.0)
+        beta_a = _coef("beta", beta, n, acc, 1.0)
+        a_arr = (self.indptr, self.indices, self.long_rows, self.long_ptr)
+        t_arr = (self.indptr_t, self.indices_t, self.long_rows_t, self.long_ptr_t)
+        if transpose:
+            st = _Static(m, k, self.plan_t, self.plan, self.implementation)
+            out = _apply(st, t_arr, a_arr, self.values_t, self.values, b2, alpha_a, beta_a, y2)
+        else:
+            st = _Static(m, k, self.plan, self.plan_t, self.implementation)
+            out = _apply(st, a_arr, t_arr, self.values, self.values_t, b2, alpha_a, beta_a, y2)
+        return out[:, 0] if vec else out
+
+    def matvec(self, x, *, alpha=None, beta=None, y=None) -> jax.Array:
+        """``alpha * (A @ x) + beta * y`` for x ``[K]`` (y ``[M]``; without y: ``alpha * A @ x``)."""
+        return self._product(False, x, alpha, beta, y, "x")
+
+    def rmatvec(self, u, *, alpha=None, beta=None, y=None) -> jax.Array:
+        """``alpha * (Aᵀ @ u) + beta * y`` for u ``[M]``: a row-major sweep of CSR(Aᵀ) (no atomics)."""
+        return self._product(True, u, alpha, beta, y, "u")
+
+    def matmat(self, B, *, alpha=None, beta=None, y=None) -> jax.Array:
+        """``alpha * (A @ B) + beta * y`` for B ``[K, N]``; alpha/beta 0-d or per column ``[N]``."""
+        return self._product(False, B, alpha, beta, y, "B")
+
+    def rmatmat(self, U, *, alpha=None, beta=None, y=None) -> jax.Array:
+        """``alpha * (Aᵀ @ U) + beta * y`` for U ``[M, N]``."""
+        return self._product(True, U, alpha, beta, y, "U")
+
+    def matvec_axpby(self, v, u, beta, alpha=None) -> jax.Array:
+        """LSMR's fused update ``alpha * A v + beta * u`` (e.g. ``beta = -alpha_k`` for ``u <- A v - alpha_k u``)."""
+        return self._product(False, v, alpha, beta, u, "v")
+
+    def rmatvec_axpby(self, u, v, beta, alpha=None) -> jax.Array:
+        """``alpha * Aᵀ u + beta * v`` in one pass."""
+        return self._product(True, u, alpha, beta, v, "u")
+
+    def __matmul__(self, other):
+        return self.matmat(other) if getattr(other, "ndim", 1) == 2 else self.matvec(other)
+
+    def todense(self) -> jax.Array:
+        m, k = self.shape
+        return _xla_spmm(self.indptr, self.indices, self.values, jnp.eye(k, dtype=self.dtype),
+                         jnp.ones((k,), _acc_dtype(self.dtype)), jnp.ones((k,), _acc_dtype(self.dtype)),
+                         jnp.zeros((0,), self.dtype))
+
+
+jax.tree_util.register_dataclass(
+    CSRPair,
+    data_fields=["indptr", "indices", "values", "long_rows", "long_ptr", "indptr_t", "indices_t", "values_t",
+                 "long_rows_t", "long_ptr_t"],
+    meta_fields=["shape", "plan", "plan_t", "profile", "profile_t", "implementation"],
+)
+
+
+def csr_pair(A, **kwargs) -> CSRPair:
+    """:meth:`CSRPair.from_matrix`."""
+    return CSRPair.from_matrix(A, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------- free functions
+def _matmul_sparse_dense(A, B, *, algorithm, split_chunk, implementation, name):
+    if isinstance(A, CSRPair):
+        if algorithm is not None or split_chunk is not None:  # testing: rebuild with the forced plan
+            A = CSRPair.from_matrix(_pair_as_bcsr(A), algorithm=algorithm, transpose_algorithm=algorithm,
+                                    split_chunk=split_chunk, implementation=A.implementation)
+        if implementation is not None:
+            A = dataclasses.replace(A, implementation=implementation)
+        return A.matmat(B) if getattr(B, "ndim", 1) == 2 else A.matvec(B)
+    indptr, indices, values, m, k, _ = _as_csr(A)
+    nnz = int(indices.shape[0])
+    b2, vec = _dense(name, B, k, values.dtype, what=f"A of shape {(m, k)}")
+    if algorithm == "split" or implementation == "xla":
+        indptr = _sanitize_indptr(indptr, nnz)
+    plan, lr, lp = _make_plan(indptr, nnz, m, None, algorithm, split_chunk)
+    n = b2.shape[1]
+    acc = _acc_dtype(values.dtype)
+    ones = jnp.ones((n,), acc)
+    st = _Static(m, k, plan, None, implementation)
+    empty_t = (jnp.zeros((0,), jnp.int32),) * 4
+    out = _apply(st, (indptr, indices, lr, lp), empty_t, values, jnp.zeros((0,), values.dtype), b2, ones, ones,
+                 jnp.zeros((0,), values.dtype))
+    return out[:, 0] if vec else out
+
+
+def _pair_as_bcsr(p: CSRPair):
+    from jax.experimental import sparse as jsparse
+
+    return jsparse.BCSR((p.values, p.indices, p.indptr), shape=p.shape)
+
+
+def _is_sparse(x) -> bool:
+    if isinstance(x, CSRPair):
+        return True
+    mod = type(x).__module__
+    return type(x).__name__ in ("BCSR", "BCOO") or mod.startswith("scipy.sparse")
+
+
+def matmul(A, B, *, algorithm: str | None = None, split_chunk: int | None = None,
+           implementation: str | None = None) -> jax.Array:
+    """``A @ B`` for sparse A (BCSR, BCOO, scipy.sparse or CSRPair) and dense B ``[K]``/``[K, N]``, or
+    ``B @ A`` for dense B ``[M]``/``[N, M]`` (computed as ``(Aᵀ Bᵀ)ᵀ``; cheap for a CSRPair, a transpose build
+    otherwise).
+
+    Args:
+      algorithm: force "vector", "warp", "cta" or "split" (testing); None uses the row profile of a CSRPair
+        or, for BCSR/BCOO, the static average row length (vector or warp).
+      split_chunk: nnz per work unit of the split algorithm.
+      implementation: None/"ffi" (the kernel) or "xla" (the jnp reference).
+    """
+    _checks.check_implementation(implementation)
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS} or None, got {algorithm!r}")
+    if _is_sparse(A):
+        return _matmul_sparse_dense(A, B, algorithm=algorithm, split_chunk=split_chunk,
+                                    implementation=implementation, name="B")
+    if _is_sparse(B):
+        pair = B if isinstance(B, CSRPair) else CSRPair.from_matrix(B, implementation=implementation)
+        if implementation is not None:
+            pair = dataclasses.replace(pair, implementation=implementation)
+        _checks.check_array("A", A)
+        if A.ndim == 1:
+            return pair.rmatvec(A)
+        if A.ndim != 2:
+            raise ValueError(f"the dense operand A must have rank 1 or 2, got shape {tuple(A.shape)}")
+        return pair.rmatmat(A.T).T
+    raise TypeError(f"matmul needs one sparse operand, got {type(A).__name__} and {type(B).__name__}")
+
+
+def spmv(A, x, *, algorithm: str | None = None, split_chunk: int | None = None,
+         implementation: str | None = None) -> jax.Array:
+    """``A @ x`` for x ``[K]`` (see :func:`matmul`)."""
+    _checks.check_array("x", x)
+    if x.ndim != 1:
+        raise ValueError(f"x must be a vector [K], got shape {tuple(x.shape)} (use spmm for matrices)")
+    return matmul(A, x, algorithm=algorithm, split_chunk=split_chunk, implementation=implementation)
+
+
+def spmm(A, B, *, algorithm: str | None = None, split_chunk: int | None = None,
+         implementation: str | None = None) -> jax.Array:
+    """``A @ B`` for B ``[K, N]`` (see :func:`matmul`)."""
+    _checks.check_array("B", B)
+    if B.ndim != 2:
+        raise ValueError(f"B must be a matrix [K, N], got shape {tuple(B.shape)} (use spmv for vectors)")
+    return matmul(A, B, algorithm=algorithm, split_chunk=split_chunk, implementation=implementation)
+
+
+def profile_of(A) -> RowProfile:
+    """Row profile of a concrete matrix (host-side)."""
+    indptr, _, _, _, _, _ = _as_csr(A)
+    return RowProfile.from_indptr(np.asarray(indptr))
+
