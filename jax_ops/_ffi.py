@@ -23,7 +23,14 @@ _registered_platforms: tuple[str, ...] | None = None
 
 
 def _cpu_module():
-    return importlib.import_module("jax_ops._jax_ops_cpu")
+    try:
+        return importlib.import_module("jax_ops._jax_ops_cpu")
+    except ImportError as e:
+        raise ImportError(
+            f"jax_ops's compiled CPU module is missing ({e}). jax_ops was imported from "
+            f"{os.path.dirname(__file__)}, which has not been built: install it with "
+            "`pip install -r requirements-dev.txt && pip install --no-build-isolation -e .` (see README)."
+        ) from e
 
 
 def _has_cuda_backend() -> bool:

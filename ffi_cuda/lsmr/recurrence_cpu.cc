@@ -17,11 +17,12 @@ ffi::Error RunOnHost(const ffi::AnyBuffer* const (&ins)[Update::kIn], ffi::AnyBu
         T* out_ptr[Update::kOut];
         for (int k = 0; k < Update::kIn; ++k) in_ptr[k] = static_cast<const T*>(ins[k]->untyped_data());
         for (int k = 0; k < Update::kOut; ++k) out_ptr[k] = static_cast<T*>(outs[k]->untyped_data());
-        for (int64_t r = 0; r < shape->rows; ++r) {
+        const int64_t rows = shape->rows, n = shape->n;  // locals: lets the compiler keep them in registers
+        for (int64_t r = 0; r < rows; ++r) {
           T c[Update::kCoef];
           for (int k = 0; k < Update::kCoef; ++k) c[k] = static_cast<const T*>(coefs[k]->untyped_data())[r];
-          const int64_t base = r * shape->n;
-          for (int64_t i = base; i < base + shape->n; ++i) {
+          const int64_t end = (r + 1) * n;
+          for (int64_t i = r * n; i < end; ++i) {
             T in[Update::kIn], out[Update::kOut];
             for (int k = 0; k < Update::kIn; ++k) in[k] = in_ptr[k][i];
             Update::Apply(c, in, out);

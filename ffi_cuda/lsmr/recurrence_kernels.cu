@@ -9,7 +9,6 @@ namespace jax_ops::lsmr {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 2;  // vectors per thread per step: loads of all of them issue before any math
 
 template <typename T>
 struct alignas(16) Vec16 {
@@ -17,7 +16,8 @@ struct alignas(16) Vec16 {
   T lane[kLanes];
 };
 
-template <typename Update, typename T, int NIn, int NOut, int NCoef>
+// kUnroll: vectors per thread per step; the loads of all of them issue before any math.
+template <typename Update, int kUnroll, typename T, int NIn, int NOut, int NCoef>
 __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NOut, NCoef> args) {
   using V = Vec16<T>;
   constexpr int kLanes = V::kLanes;
@@ -35,7 +35,8 @@ __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NO
     for (int k = 0; k < NIn; ++k) aligned &= misalign(args.in[k] + base) == m0;
 #pragma unroll
     for (int k = 0; k < NOut; ++k) aligned &= misalign(args.out[k] + base) == m0;
-    const int64_t head = aligned ? std::min<int64_t>((kLanes - m0) % kLanes, args.n) : args.n;
+    const int64_t lead = (kLanes - m0) % kLanes;
+    const int64_t head = aligned ? (lead < args.n ? lead : args.n) : args.n;
     const int64_t nvec = aligned ? (args.n - head) / kLanes : 0;
     const int64_t tail_start = head + nvec * kLanes;
 
@@ -92,22 +93,36 @@ __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NO
   }
 }
 
+// Grid: x covers a row with at most blocks_per_sm * sm_count blocks in all (0: no cap, one step per thread),
+// y walks the rows.
+template <typename Update, int kUnroll, typename T>
+cudaError_t LaunchRowwiseWith(cudaStream_t stream,
+                              const RowwiseArgs<T, Update::kIn, Update::kOut, Update::kCoef>& args, int sm_count,
+                              int blocks_per_sm) {
+  if (args.rows == 0 || args.n == 0) return cudaSuccess;
+  constexpr int64_t kElemsPerBlockStep = int64_t{kThreads} * (16 / sizeof(T)) * kUnroll;
+  const int64_t per_row_blocks = (args.n + kElemsPerBlockStep - 1) / kElemsPerBlockStep;
+  const int64_t grid_y = std::min<int64_t>(args.rows, 65535);
+  int64_t grid_x = std::min<int64_t>(per_row_blocks, int64_t{1} << 30);
+  if (blocks_per_sm > 0) {
+    const int64_t target_blocks = int64_t{sm_count} * blocks_per_sm;
+    grid_x = std::min<int64_t>(grid_x, (target_blocks + grid_y - 1) / grid_y);
+  }
+  grid_x = std::max<int64_t>(grid_x, 1);
+  RowwiseKernel<Update, kUnroll>
+      <<<dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), kThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
+// Tuned on the H200 with ffi_cuda/tools/recurrence_bench.cu: one 16-byte vector per thread and an uncapped grid
+// gave 1.01x the copy kernel's bandwidth at n = 1e8 (capped grid-stride variants: 0.89-0.97x). See
+// docs/notes/recurrence.md.
 template <typename Update, typename T>
 cudaError_t LaunchRowwise(cudaStream_t stream, const RowwiseArgs<T, Update::kIn, Update::kOut, Update::kCoef>& args,
                           int sm_count) {
-  if (args.rows == 0 || args.n == 0) return cudaSuccess;
-  constexpr int kLanes = 16 / sizeof(T);
-  // Enough blocks to keep every SM busy (8 resident blocks of 256 threads each), no more than the work needs.
-  const int64_t per_row_blocks =
-      (args.n + int64_t{kThreads} * kLanes * kUnroll - 1) / (int64_t{kThreads} * kLanes * kUnroll);
-  const int64_t target_blocks = int64_t{sm_count} * 8;
-  const int64_t grid_y = std::min<int64_t>(args.rows, 65535);
-  const int64_t grid_x = std::max<int64_t>(1, std::min<int64_t>(per_row_blocks, (target_blocks + grid_y - 1) / grid_y));
-  RowwiseKernel<Update>
-      <<<dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), kThreads, 0, stream>>>(args);
-  return cudaGetLastError();
+  return LaunchRowwiseWith<Update, 1>(stream, args, sm_count, /*blocks_per_sm=*/0);
 }
 
 #define JAX_OPS_INSTANTIATE(UPDATE, T)                        \

@@ -8,6 +8,8 @@ returns the median over ``repeats`` runs of (run time / K).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import statistics
 import sys
 import time
@@ -25,31 +27,31 @@ def time_loop(
     *operands: Any,
     min_seconds: float = 0.05,
     repeats: int = 5,
-    max_iters: int = 1 << 20,
+    max_iters: int = 1 << 16,
 ) -> float:
     """Median seconds per ``carry = step(carry, *operands)`` measured inside one jitted loop.
 
-    ``step`` must make each call depend on the previous one through ``carry`` so XLA cannot hoist it.
+    ``step`` must make each call depend on the previous one through ``carry`` so XLA cannot hoist it. The trip
+    count is static: XLA then runs the loop without reading the loop predicate back to the host every iteration
+    (a dynamic ``fori_loop`` costs a device-to-host sync per iteration, which would swamp calls of a few µs).
     """
 
+    @functools.partial(jax.jit, static_argnums=0)
     def run(k, carry, *ops):
         return jax.lax.fori_loop(0, k, lambda i, c: step(c, *ops), carry)
-
-    fn = jax.jit(run)
 
     def once(k: int) -> float:
         nonlocal carry
         t0 = time.perf_counter()
-        carry = jax.block_until_ready(fn(jnp.int32(k), carry, *operands))
+        carry = jax.block_until_ready(run(k, carry, *operands))
         return time.perf_counter() - t0
 
-    once(1)  # compile + warm-up
-    k = 1
-    while True:
-        t = once(k)
-        if t >= min_seconds or k >= max_iters:
-            break
-        k = min(max_iters, max(k * 2, int(k * min_seconds * 1.2 / max(t, 1e-7))))
+    k = 4
+    once(k)  # compile + warm-up
+    per_call = once(k) / k
+    # Smallest power of two lasting >= min_seconds (one more compile).
+    k = int(min(max_iters, max(4, 2 ** math.ceil(math.log2(max(1.0, min_seconds / max(per_call, 1e-9)))))))
+    once(k)
     times = [once(k) / k for _ in range(repeats)]
     return statistics.median(times)
 
@@ -94,7 +96,10 @@ def measure_ceilings(quick: bool = False) -> Ceilings:
     on_gpu = jax.default_backend() == "gpu"
     n = (1 << 28 if on_gpu else 1 << 22) // (4 if quick else 1)
     x = jax.random.normal(jax.random.key(0), (n,), jnp.float32)
-    t = time_loop(lambda c: c * jnp.float32(0.999) + jnp.float32(1e-3), x)
+    stream = lambda c: c * jnp.float32(0.999) + jnp.float32(1e-3)
+    # An idle GPU starts at low clocks: run ~1 s of streaming first, or the first ceiling reads 15-20% low.
+    time_loop(stream, x, min_seconds=0.25 if quick else 1.0, repeats=1)
+    t = time_loop(stream, x)
     copy_gbps = 2 * n * 4 / t / 1e9
     m = (8192 if on_gpu else 512) // (2 if quick else 1)
     a = jax.random.normal(jax.random.key(1), (m, m), jnp.bfloat16)
