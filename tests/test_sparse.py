@@ -1,0 +1,404 @@
+"""jax_ops.sparse on the CPU twin: BCSR/BCOO/CSRPair products vs float64 NumPy, every dispatch path, invalid
+input semantics, grads, vmap, shard_map."""
+
+import jax
+import jax.test_util  # noqa: F401  (check_grads)
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from jax.experimental import sparse as jsparse
+
+from jax_ops import sparse
+
+TOL = {np.float32: 1e-5, np.float64: 1e-12, np.float16: 2e-3, jnp.bfloat16: 1e-2}
+DTYPES = [np.float32, np.float16, jnp.bfloat16]  # float64 runs in its own x64 tests
+
+
+def _rel(out, ref):
+    out = np.asarray(out, np.float64)
+    ref = np.asarray(ref, np.float64)
+    assert np.all(np.isfinite(out)), "non-finite output"
+    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300)
+
+
+def _random_csr(m, k, density, dtype, seed=0, long_row=None):
+    rng = np.random.default_rng(seed)
+    a = sp.random(m, k, density=density, random_state=rng, format="csr", dtype=np.float64)
+    a.data = rng.standard_normal(a.nnz)
+    if long_row is not None and m and k:
+        a = a.tolil()
+        a[long_row, :] = rng.standard_normal(k)
+        a = a.tocsr()
+    a.sort_indices()
+    a = a.astype(np.float32) if dtype != np.float64 else a
+    return a
+
+
+def _bcsr(a, dtype):
+    a = a.tocsr()
+    return jsparse.BCSR(
+        (jnp.asarray(a.data, dtype), jnp.asarray(a.indices, jnp.int32), jnp.asarray(a.indptr, jnp.int32)),
+        shape=a.shape,
+    )
+
+
+def _dense_of(bcsr):
+    """float64 dense matrix of what the jax values are (after rounding to their dtype)."""
+    data = np.asarray(bcsr.data.astype(jnp.float32), np.float64) if bcsr.data.dtype != np.float64 else np.asarray(
+        bcsr.data)
+    return sp.csr_matrix((data, np.asarray(bcsr.indices), np.asarray(bcsr.indptr)), shape=bcsr.shape).toarray()
+
+
+def _rand(shape, dtype, seed=1):
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
+
+
+def _f64(x):
+    return np.asarray(jnp.asarray(x).astype(jnp.float32) if x.dtype != np.float64 else x, np.float64)
+
+
+# ---------------------------------------------------------------------------------------------- products
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [None, 1, 3, 8, 33])
+def test_bcsr_matches_reference(dtype, n):
+    a = _random_csr(70, 50, 0.1, dtype)
+    A = _bcsr(a, dtype)
+    d = _dense_of(A)
+    b = _rand((50,) if n is None else (50, n), dtype)
+    out = jax.jit(sparse.matmul)(A, b)
+    assert out.dtype == np.dtype(dtype) and out.shape == ((70,) if n is None else (70, n))
+    assert _rel(out, d @ _f64(b)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("algorithm", sparse.ALGORITHMS)
+@pytest.mark.parametrize("n", [None, 4, 16])
+def test_pair_every_algorithm(dtype, algorithm, n):
+    a = _random_csr(64, 48, 0.15, dtype, long_row=5)
+    pair = sparse.CSRPair.from_matrix(_bcsr(a, dtype), algorithm=algorithm, transpose_algorithm=algorithm,
+                                      split_chunk=4)
+    assert pair.plan.algorithm == algorithm and pair.plan_t.algorithm == algorithm
+    if algorithm == "split":
+        assert pair.plan.units > 0 and pair.long_rows.shape[0] > 0
+    d = _dense_of(_bcsr(a, dtype))
+    x = _rand((48,) if n is None else (48, n), dtype)
+    u = _rand((64,) if n is None else (64, n), dtype, seed=2)
+    fwd = pair.matvec(x) if n is None else pair.matmat(x)
+    bwd = pair.rmatvec(u) if n is None else pair.rmatmat(u)
+    assert _rel(fwd, d @ _f64(x)) < TOL[dtype]
+    assert _rel(bwd, d.T @ _f64(u)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("algorithm", sparse.ALGORITHMS)
+def test_float64_every_algorithm(x64, algorithm):
+    a = _random_csr(60, 45, 0.2, np.float64, long_row=3)
+    A = _bcsr(a, np.float64)
+    d = a.toarray()
+    for n in (None, 5):
+        x = _rand((45,) if n is None else (45, n), np.float64)
+        out = sparse.matmul(A, x, algorithm=algorithm, split_chunk=3)
+        assert out.dtype == np.float64
+        assert _rel(out, d @ np.asarray(x)) < 1e-12
+    pair = sparse.csr_pair(A, algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=3)
+    u = _rand((60,), np.float64)
+    assert _rel(pair.rmatvec(u), d.T @ np.asarray(u)) < 1e-12
+
+
+def test_profile_dispatch_rules():
+    # short uniform rows -> vector; power-law -> split; long uniform rows -> cta
+    short = sparse.csr_pair(_bcsr(_random_csr(200, 200, 0.02, np.float32), np.float32))
+    assert short.plan.algorithm == "vector" and 2 <= short.plan.group <= 32
+    m = 3000
+    lens = np.ones(m, np.int64)
+    lens[7] = 2999
+    indptr = np.concatenate([[0], np.cumsum(lens)])
+    cols = np.concatenate([np.arange(n) for n in lens])
+    power = sparse.csr_pair(sp.csr_matrix((np.ones(indptr[-1], np.float32), cols, indptr), shape=(m, m)))
+    assert power.plan.algorithm == "split" and power.plan.units >= 3
+    x = _rand((m,), np.float32)
+    ref = sp.csr_matrix((np.ones(indptr[-1]), cols, indptr), shape=(m, m)) @ np.asarray(x, np.float64)
+    assert _rel(power.matvec(x), ref) < 1e-5
+    dense_rows = sparse.csr_pair(sp.csr_matrix(np.ones((4, 1024), np.float32)))
+    assert dense_rows.plan.algorithm == "cta"
+
+
+# -------------------------------------------------------------------------------------------- edge cases
+@pytest.mark.parametrize("algorithm", [None, *sparse.ALGORITHMS])
+def test_edge_shapes(algorithm):
+    kw = dict(algorithm=algorithm, split_chunk=2)
+    # empty rows
+    a = sp.csr_matrix(np.array([[0, 0, 0], [1, 0, 2], [0, 0, 0], [0, 3, 0]], np.float32))
+    x = _rand((3,), np.float32)
+    assert _rel(sparse.matmul(_bcsr(a, np.float32), x, **kw), a.toarray() @ _f64(x)) < 1e-6
+    # nnz = 0
+    z = sp.csr_matrix((5, 4), dtype=np.float32)
+    out = sparse.matmul(_bcsr(z, np.float32), _rand((4, 3), np.float32), **kw)
+    assert out.shape == (5, 3) and np.all(np.asarray(out) == 0)
+    # 1x1
+    one = sp.csr_matrix(np.array([[2.5]], np.float32))
+    assert float(sparse.matmul(_bcsr(one, np.float32), jnp.ones((1,)), **kw)[0]) == 2.5
+    # one row holds all nnz
+    r = _random_csr(30, 40, 0.0, np.float32, long_row=11)
+    xr = _rand((40, 2), np.float32)
+    assert _rel(sparse.matmul(_bcsr(r, np.float32), xr, **kw), r.toarray() @ _f64(xr)) < 1e-5
+    pair = sparse.csr_pair(_bcsr(r, np.float32), algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=2)
+    u = _rand((30,), np.float32)
+    assert _rel(pair.rmatvec(u), r.toarray().T @ _f64(u)) < 1e-5
+
+
+def test_empty_matrix():
+    e = sp.csr_matrix((0, 4), dtype=np.float32)
+    out = sparse.matmul(_bcsr(e, np.float32), jnp.ones((4,)))
+    assert out.shape == (0,)
+    e2 = sp.csr_matrix((3, 0), dtype=np.float32)
+    out = sparse.matmul(_bcsr(e2, np.float32), jnp.ones((0, 2)))
+    assert out.shape == (3, 2) and np.all(np.asarray(out) == 0)
+    pair = sparse.csr_pair(_bcsr(e2, np.float32))
+    assert pair.rmatvec(jnp.ones((3,))).shape == (0,)
+
+
+def test_bcoo_padding_duplicates_unsorted():
+    m, k = 6, 5
+    rows = np.array([3, 0, 3, 5, 0, 3, 6, -1, 2])
+    cols = np.array([1, 4, 1, 0, 2, 1, 0, 2, 7])  # (3,1) three times; (6,0), (-1,2), (2,7) are padding
+    vals = np.arange(1, 10, dtype=np.float32)
+    A = jsparse.BCOO((jnp.asarray(vals), jnp.asarray(np.stack([rows, cols], 1), jnp.int32)), shape=(m, k))
+    d = np.zeros((m, k))
+    for r, c, v in zip(rows, cols, vals):
+        if 0 <= r < m and 0 <= c < k:
+            d[r, c] += v
+    x = _rand((k, 3), np.float32)
+    assert _rel(sparse.matmul(A, x), d @ _f64(x)) < 1e-6
+    pair = sparse.csr_pair(A)
+    u = _rand((m,), np.float32)
+    assert _rel(pair.rmatvec(u), d.T @ _f64(u)) < 1e-6
+    assert _rel(jax.jit(lambda A, x: sparse.matmul(A, x))(A, x), d @ _f64(x)) < 1e-6
+
+
+def test_invalid_bcsr_stays_in_bounds():
+    # indptr not monotone, past nnz, negative; columns >= K and < 0: clamped/skipped, documented semantics.
+    data = jnp.arange(1, 7, dtype=jnp.float32)
+    indices = jnp.asarray([0, 9, 1, -3, 2, 1], jnp.int32)
+    indptr = jnp.asarray([0, 3, 1, 6, 40], jnp.int32)
+    A = jsparse.BCSR((data, indices, indptr), shape=(4, 3))
+    x = jnp.asarray([1.0, 10.0, 100.0])
+    # per-row clamping (raw BCSR): row0 [0,3) -> 1*x0 + 3*x1 (col 9 skipped); row1 [3,3) empty;
+    # row2 [1,6) -> 3*x1 + 5*x2 + 6*x1 (cols 9, -3 skipped); row3 [6,6) empty
+    raw = np.array([1 + 30, 0, 30 + 500 + 60, 0], np.float64)
+    for alg in ("vector", "warp", "cta"):
+        assert np.allclose(np.asarray(sparse.matmul(A, x, algorithm=alg)), raw)
+    expect = np.array([1 + 30, 0, 500 + 60, 0], np.float64)
+    # split / CSRPair: indptr made monotone first (running max of the clamped indptr) = [0, 3, 3, 6, 6]
+    assert np.allclose(np.asarray(sparse.matmul(A, x, algorithm="split", split_chunk=1)), expect)
+    pair = sparse.csr_pair(A)
+    assert np.allclose(np.asarray(pair.matvec(x)), expect)
+    assert np.all(np.isfinite(np.asarray(pair.rmatvec(jnp.ones((4,))))))
+
+
+def test_fused_axpby_and_per_column_coefficients():
+    a = _random_csr(40, 30, 0.2, np.float32)
+    pair = sparse.csr_pair(_bcsr(a, np.float32))
+    d = a.toarray().astype(np.float64)
+    v, u = _rand((30,), np.float32), _rand((40,), np.float32, seed=3)
+    alpha = jnp.float32(0.7)
+    out = jax.jit(lambda p, v, u, al: p.matvec(v, beta=-al, y=u))(pair, v, u, alpha)
+    assert _rel(out, d @ _f64(v) - 0.7 * _f64(u)) < 1e-5
+    out = pair.matvec_axpby(v, u, beta=2.0, alpha=jnp.float32(-1.5))
+    assert _rel(out, -1.5 * (d @ _f64(v)) + 2 * _f64(u)) < 1e-5
+    B, Y = _rand((30, 4), np.float32), _rand((40, 4), np.float32)
+    al, be = jnp.asarray([1.0, 2.0, 0.0, -1.0]), jnp.asarray([0.5, 0.0, 1.0, 3.0])
+    out = pair.matmat(B, alpha=al, beta=be, y=Y)
+    assert _rel(out, (d @ _f64(B)) * np.asarray(al) + _f64(Y) * np.asarray(be)) < 1e-5
+    out = pair.rmatvec_axpby(u, v, beta=-0.25)
+    assert _rel(out, d.T @ _f64(u) - 0.25 * _f64(v)) < 1e-5
+
+
+def test_dense_times_sparse():
+    a = _random_csr(20, 15, 0.3, np.float32)
+    A = _bcsr(a, np.float32)
+    d = a.toarray().astype(np.float64)
+    u = _rand((20,), np.float32)
+    assert _rel(sparse.matmul(u, A), _f64(u) @ d) < 1e-5
+    U = _rand((3, 20), np.float32)
+    assert _rel(sparse.matmul(U, sparse.csr_pair(A)), _f64(U) @ d) < 1e-5
+    assert _rel(sparse.csr_pair(A).T.matvec(u), d.T @ _f64(u)) < 1e-5
+
+
+def test_scipy_and_implementation_xla():
+    a = _random_csr(25, 35, 0.2, np.float32)
+    x = _rand((35, 2), np.float32)
+    ref = a.toarray().astype(np.float64) @ _f64(x)
+    assert _rel(sparse.matmul(a, x), ref) < 1e-5
+    assert _rel(sparse.matmul(a, x, implementation="xla"), ref) < 1e-5
+    pair = sparse.csr_pair(a, implementation="xla")
+    assert _rel(pair.matmat(x), ref) < 1e-5
+
+
+# ------------------------------------------------------------------------------------------------- grads
+def _loss_sparse(values, x, A, algorithm=None):
+    B = jsparse.BCSR((values, A.indices, A.indptr), shape=A.shape)
+    return jnp.sum(jnp.sin(sparse.matmul(B, x, algorithm=algorithm, split_chunk=2)))
+
+
+@pytest.mark.parametrize("algorithm", [None, "split"])
+def test_grads_match_dense(x64, algorithm):
+    a = _random_csr(12, 9, 0.3, np.float64, long_row=4)
+    A = _bcsr(a, np.float64)
+    rows, cols = np.repeat(np.arange(12), np.diff(a.indptr)), a.indices
+    for shape in ((9,), (9, 3)):
+        x = _rand(shape, np.float64)
+        gv, gx = jax.grad(_loss_sparse, argnums=(0, 1))(A.data, x, A, algorithm)
+
+        def dense_loss(vals, x):
+            d = jnp.zeros((12, 9), jnp.float64).at[rows, cols].add(vals)
+            return jnp.sum(jnp.sin(d @ x))
+
+        rv, rx = jax.grad(dense_loss, argnums=(0, 1))(A.data, x)
+        np.testing.assert_allclose(gv, rv, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(gx, rx, rtol=1e-10, atol=1e-12)
+        jax.test_util.check_grads(lambda v, x: _loss_sparse(v, x, A, algorithm), (A.data, x), order=1,
+                                  modes=("rev",))
+
+
+def test_pair_grads_and_axpby_grads(x64):
+    a = _random_csr(10, 8, 0.4, np.float64)
+    pair = sparse.csr_pair(_bcsr(a, np.float64))
+    v, u = _rand((8,), np.float64), _rand((10,), np.float64, seed=5)
+
+    def f(v, u, al, be):
+        return jnp.sum(pair.matvec(v, alpha=al, beta=be, y=u) ** 2) + jnp.sum(pair.rmatvec(u) ** 3)
+
+    args = (v, u, jnp.float64(0.3), jnp.float64(-1.2))
+    jax.test_util.check_grads(f, args, order=1, modes=("rev",))
+    d = jnp.asarray(a.toarray())
+
+    def fd(v, u, al, be):
+        return jnp.sum((al * (d @ v) + be * u) ** 2) + jnp.sum((d.T @ u) ** 3)
+
+    for g, r in zip(jax.grad(f, argnums=(0, 1, 2, 3))(*args), jax.grad(fd, argnums=(0, 1, 2, 3))(*args)):
+        np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
+    # gradient w.r.t. the pair's values (the leaf matvec uses)
+    gp = jax.grad(lambda p: jnp.sum(p.matvec(v) ** 2), allow_int=True)(pair)
+    gd = jax.grad(lambda d: jnp.sum((d @ v) ** 2))(d)
+    rows = np.repeat(np.arange(10), np.diff(a.indptr))
+    np.testing.assert_allclose(gp.values, np.asarray(gd)[rows, a.indices], rtol=1e-10)
+
+
+def test_bcoo_grads(x64):
+    rows = np.array([2, 0, 2, 1, 9])
+    cols = np.array([1, 3, 1, 0, 0])  # duplicate (2,1); (9,0) is padding
+    vals = jnp.asarray([1.0, 2.0, 3.0, 4.0, 5.0])
+    idx = jnp.asarray(np.stack([rows, cols], 1), jnp.int32)
+    x = _rand((4, 2), np.float64)
+
+    def f(v, x):
+        return jnp.sum(sparse.matmul(jsparse.BCOO((v, idx), shape=(3, 4)), x) ** 2)
+
+    def fd(v, x):
+        d = jnp.zeros((3, 4)).at[rows[:4], cols[:4]].add(v[:4])
+        return jnp.sum((d @ x) ** 2)
+
+    for g, r in zip(jax.grad(f, argnums=(0, 1))(vals, x), jax.grad(fd, argnums=(0, 1))(vals, x)):
+        np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------ vmap / shard
+def _count_spmm_calls(jaxpr_text):
+    return jaxpr_text.count("jax_ops_sparse_csr_spmm")
+
+
+@pytest.mark.parametrize("algorithm", [None, "split"])
+def test_vmap_folds_into_spmm(algorithm):
+    a = _random_csr(50, 40, 0.1, np.float32, long_row=2)
+    pair = sparse.csr_pair(_bcsr(a, np.float32), algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=4)
+    d = a.toarray().astype(np.float64)
+    X = _rand((6, 40), np.float32)
+    U = _rand((6, 50), np.float32, seed=4)
+    out = jax.vmap(pair.matvec)(X)
+    assert _rel(out, (d @ _f64(X).T).T) < 1e-5
+    out = jax.vmap(pair.rmatvec)(U)
+    assert _rel(out, (d.T @ _f64(U).T).T) < 1e-5
+    text = str(jax.make_jaxpr(jax.vmap(pair.matvec))(X))
+    assert "f32[50,6]" in text and _count_spmm_calls(text) == 1, "vmap must be one SpMM call with N = 6"
+    # fused update with per-batch beta, as LSMR's block solver uses it
+    betas = jnp.linspace(-1, 1, 6, dtype=jnp.float32)
+    out = jax.vmap(lambda v, u, b: pair.matvec(v, beta=b, y=u))(X, U, betas)
+    assert _rel(out, (d @ _f64(X).T).T + np.asarray(betas)[:, None] * _f64(U)) < 1e-5
+    # nested vmap and vmap of SpMM
+    Xn = _rand((2, 3, 40), np.float32)
+    out = jax.vmap(jax.vmap(pair.matvec))(Xn)
+    assert _rel(out, np.einsum("mk,abk->abm", d, _f64(Xn))) < 1e-5
+    Bs = _rand((3, 40, 5), np.float32)
+    assert _rel(jax.vmap(pair.matmat)(Bs), np.einsum("mk,bkn->bmn", d, _f64(Bs))) < 1e-5
+    # grad of vmap
+    g = jax.grad(lambda X: jnp.sum(jax.vmap(pair.matvec)(X) ** 2))(X)
+    assert _rel(g, 2 * (d.T @ (d @ _f64(X).T)).T) < 1e-5
+
+
+def test_vmap_over_matrices_falls_back():
+    a = _random_csr(10, 8, 0.3, np.float32)
+    A = _bcsr(a, np.float32)
+    vals = jnp.stack([A.data, 2 * A.data])
+    x = _rand((8,), np.float32)
+    out = jax.vmap(lambda v: sparse.matmul(jsparse.BCSR((v, A.indices, A.indptr), shape=A.shape), x))(vals)
+    d = a.toarray().astype(np.float64)
+    assert _rel(out, np.stack([d @ _f64(x), 2 * d @ _f64(x)])) < 1e-5
+
+
+def test_shard_map_spmm_over_columns():
+    devices = jax.devices()
+    if len(devices) < 8:
+        pytest.skip("needs 8 (fake) devices: tests/conftest.py sets them")
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    a = _random_csr(64, 48, 0.1, np.float32)
+    pair = sparse.csr_pair(_bcsr(a, np.float32))
+    mesh = Mesh(np.array(devices[:8]), ("x",))
+    B = _rand((48, 32), np.float32)
+    f = jax.shard_map(lambda p, b: p.matmat(b), mesh=mesh, in_specs=(P(), P(None, "x")), out_specs=P(None, "x"))
+    out = jax.jit(f)(pair, B)
+    assert _rel(out, a.toarray().astype(np.float64) @ _f64(B)) < 1e-5
+
+
+# ------------------------------------------------------------------------------------------- validation
+def test_bad_inputs():
+    a = _random_csr(6, 5, 0.5, np.float32)
+    A = _bcsr(a, np.float32)
+    with pytest.raises(ValueError, match="B has shape"):
+        sparse.matmul(A, jnp.ones((4,)))
+    with pytest.raises(TypeError, match="dtype float64"):
+        sparse.matmul(A, np.ones((5,), np.float64))
+    with pytest.raises(ValueError, match="x must be a vector"):
+        sparse.spmv(A, jnp.ones((5, 2)))
+    with pytest.raises(ValueError, match="B must be a matrix"):
+        sparse.spmm(A, jnp.ones((5,)))
+    with pytest.raises(ValueError, match="must be a vector"):
+        sparse.matmul(A, jnp.ones((5, 2, 2)))
+    with pytest.raises(TypeError, match="B must be an array"):
+        sparse.matmul(A, [1.0] * 5)
+    with pytest.raises(ValueError, match="algorithm"):
+        sparse.matmul(A, jnp.ones((5,)), algorithm="magic")
+    with pytest.raises(ValueError, match="implementation"):
+        sparse.matmul(A, jnp.ones((5,)), implementation="cuda")
+    batched = jsparse.BCOO.fromdense(jnp.ones((2, 3, 3)), n_batch=1)
+    with pytest.raises(ValueError, match="n_batch"):
+        sparse.matmul(batched, jnp.ones((3,)))
+    with pytest.raises(TypeError, match="A.data must have dtype"):
+        sparse.matmul(jsparse.BCSR.fromdense(jnp.ones((3, 3), jnp.int32)), jnp.ones((3,), jnp.int32))
+    pair = sparse.csr_pair(A)
+    with pytest.raises(ValueError, match="u has shape"):
+        pair.rmatvec(jnp.ones((5,)))
+    with pytest.raises(ValueError, match="y must have"):
+        pair.matmat(jnp.ones((5, 2)), y=jnp.ones((6, 3)))
+    with pytest.raises(ValueError, match="alpha must be 0-d"):
+        pair.matmat(jnp.ones((5, 2)), alpha=jnp.ones((3,)))
+    with pytest.raises(ValueError, match="beta was given without y"):
+        pair.matvec(jnp.ones((5,)), beta=2.0)
+    with pytest.raises(TypeError, match="matmul needs one sparse operand"):
+        sparse.matmul(jnp.ones((2, 2)), jnp.ones((2, 2)))
+
+
+def test_size_limit_message():
+    with pytest.raises(ValueError, match="2\\^31"):
+        sparse._check_sizes(2**31, 4, 10)
