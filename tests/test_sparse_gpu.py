@@ -1,0 +1,187 @@
+"""jax_ops.sparse on the GPU: CUDA kernels vs the CPU twin vs a float64 reference, every dispatch path, a
+power-law matrix, outputs past 2^31 bytes, and poisoned (NaN-filled, aliased) outputs.
+
+Tests whose name contains `small` form the compute-sanitizer set.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from jax.experimental import sparse as jsparse
+
+from jax_ops import sparse
+
+pytestmark = pytest.mark.gpu
+TOL = {np.float32: 1e-5, np.float64: 1e-12, np.float16: 2e-3, jnp.bfloat16: 1e-2}
+
+
+def _gpu():
+    return jax.devices("cuda")[0]
+
+
+def _cpu():
+    return jax.devices("cpu")[0]
+
+
+def _rel(out, ref):
+    out = np.asarray(jnp.asarray(out).astype(jnp.float32) if out.dtype != np.float64 else out, np.float64)
+    assert np.all(np.isfinite(out)), "non-finite output (unwritten or poisoned element)"
+    ref = np.asarray(ref, np.float64)
+    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300)
+
+
+def _power_law(m, k, seed=0, avg=8, max_len=20000):
+    rng = np.random.default_rng(seed)
+    lens = np.minimum((rng.pareto(1.3, m) + 1) * avg / 4, max_len).astype(np.int64)
+    lens[m // 3] = max_len  # at least one very long row
+    indptr = np.concatenate([[0], np.cumsum(lens)])
+    cols = rng.integers(0, k, indptr[-1])
+    vals = rng.standard_normal(indptr[-1])
+    return sp.csr_matrix((vals, cols, indptr), shape=(m, k))
+
+
+def _uniform(m, k, per_row, seed=0):
+    rng = np.random.default_rng(seed)
+    indptr = np.arange(m + 1, dtype=np.int64) * per_row
+    cols = np.sort(rng.integers(0, k, (m, per_row)), axis=1).ravel()
+    return sp.csr_matrix((rng.standard_normal(m * per_row), cols, indptr), shape=(m, k))
+
+
+def _bcsr(a, dtype, device):
+    a = a.tocsr()
+    put = lambda x: jax.device_put(x, device)
+    return jsparse.BCSR((put(jnp.asarray(a.data, dtype)), put(jnp.asarray(a.indices, jnp.int32)),
+                         put(jnp.asarray(a.indptr, jnp.int32))), shape=a.shape)
+
+
+def _rounded(a, dtype):
+    """float64 matrix of a's values rounded to dtype."""
+    a = a.tocsr().copy()
+    a.data = np.asarray(jnp.asarray(a.data, dtype).astype(jnp.float32) if dtype != np.float64 else a.data,
+                        np.float64)
+    return a
+
+
+def _dense_in(shape, dtype, device, seed=1):
+    x = jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
+    return jax.device_put(x, device), np.asarray(x.astype(jnp.float32) if dtype != np.float64 else x, np.float64)
+
+
+def _check_both(a, dtype, algorithm, n, split_chunk=None):
+    ref_a = _rounded(a, dtype)
+    m, k = a.shape
+    results = {}
+    for dev in (_gpu(), _cpu()):
+        A = _bcsr(a, dtype, dev)
+        x, x64 = _dense_in((k,) if n is None else (k, n), dtype, dev)
+        u, u64 = _dense_in((m,) if n is None else (m, n), dtype, dev, seed=2)
+        pair = sparse.csr_pair(A, algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=split_chunk)
+        fwd = jax.jit(lambda p, x: p.matvec(x) if x.ndim == 1 else p.matmat(x))(pair, x)
+        bwd = jax.jit(lambda p, u: p.rmatvec(u) if u.ndim == 1 else p.rmatmat(u))(pair, u)
+        raw = jax.jit(lambda A, x: sparse.matmul(A, x, algorithm=algorithm, split_chunk=split_chunk))(A, x)
+        assert list(fwd.devices())[0] == dev
+        results[dev.platform] = (fwd, bwd, raw)
+        for out, ref in ((fwd, ref_a @ x64), (bwd, ref_a.T @ u64), (raw, ref_a @ x64)):
+            assert _rel(out, ref) < TOL[dtype], (dev.platform, algorithm, n)
+    for g, c in zip(results["gpu"], results["cpu"]):
+        assert _rel(g, np.asarray(c.astype(jnp.float32) if c.dtype != np.float64 else c)) < 2 * TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, jnp.bfloat16])
+@pytest.mark.parametrize("algorithm", sparse.ALGORITHMS)
+@pytest.mark.parametrize("n", [None, 3, 8, 32, 130])
+def test_small_every_path(dtype, algorithm, n):
+    a = _power_law(300, 257, seed=3, max_len=600)
+    _check_both(a, dtype, algorithm, n, split_chunk=64)
+
+
+@pytest.mark.parametrize("algorithm", [None, *sparse.ALGORITHMS])
+def test_small_float64(algorithm):
+    with jax.enable_x64(True):
+        a = _power_law(200, 190, seed=4, max_len=500)
+        for n in (None, 4, 33):
+            _check_both(a, np.float64, algorithm, n, split_chunk=32)
+
+
+@pytest.mark.parametrize("n", [None, 8, 32, 128])
+def test_power_law_auto_dispatch(n):
+    a = _power_law(200_000, 150_000, seed=5, avg=8, max_len=120_000)
+    pair = sparse.csr_pair(_bcsr(a, np.float32, _gpu()))
+    assert pair.plan.algorithm == "split", pair.profile
+    x, x64 = _dense_in((150_000,) if n is None else (150_000, n), np.float32, _gpu())
+    out = jax.jit(lambda p, x: p @ x)(pair, x)
+    assert _rel(out, a @ x64) < 1e-5
+    u, u64 = _dense_in((200_000,) if n is None else (200_000, n), np.float32, _gpu(), seed=2)
+    out = jax.jit(lambda p, u: p.rmatvec(u) if u.ndim == 1 else p.rmatmat(u))(pair, u)
+    assert _rel(out, a.T @ u64) < 1e-5
+
+
+def test_small_poisoned_aliased_output():
+    # The output buffer is y itself (donated and aliased to the kernel's result), so an element the kernel
+    # failed to write would keep y's value instead of the fused result: the reference check catches it.
+    a = _power_law(3000, 2000, seed=6, max_len=3000)
+    for alg in sparse.ALGORITHMS:
+        pair = sparse.csr_pair(_bcsr(a, np.float32, _gpu()), algorithm=alg, transpose_algorithm=alg, split_chunk=256)
+        for n in (None, 16):
+            x, x64 = _dense_in((2000,) if n is None else (2000, n), np.float32, _gpu())
+            y, y64 = _dense_in((3000,) if n is None else (3000, n), np.float32, _gpu(), seed=9)
+            f = jax.jit(lambda p, x, y: p.matvec(x, beta=-0.5, y=y) if x.ndim == 1 else p.matmat(x, beta=-0.5, y=y),
+                        donate_argnums=(2,))
+            out = f(pair, x, y)
+            assert _rel(out, a @ x64 - 0.5 * y64) < 1e-5, alg
+            # NaN in a column of B that no entry references must not leak; NaN where referenced must show up
+            # only in the rows referencing it.
+            if n is None:
+                xb = np.array(x64, np.float32)
+                unused = np.setdiff1d(np.arange(2000), a.indices)
+                if unused.size:
+                    xb[unused] = np.nan
+                    out = jax.jit(lambda p, x: p.matvec(x))(pair, jax.device_put(jnp.asarray(xb), _gpu()))
+                    assert np.all(np.isfinite(np.asarray(out)))
+
+
+def test_output_past_2_31_bytes():
+    # SpMM whose dense output exceeds 2^31 bytes: M * N * 4 = 2^21 * 300 * 4 > 2^31.
+    m, k, n = 1 << 21, 4096, 300
+    a = _uniform(m, k, 2, seed=7)
+    A = _bcsr(a, np.float32, _gpu())
+    B, B64 = _dense_in((k, n), np.float32, _gpu())
+    out = jax.jit(sparse.matmul)(A, B)
+    assert out.shape == (m, n) and out.size * 4 > 2**31
+    # check the last rows (64-bit output offsets) and a sample of rows exactly
+    rows = np.concatenate([np.arange(16), np.arange(m - 16, m), np.random.default_rng(0).integers(0, m, 64)])
+    got = np.asarray(out[jnp.asarray(rows)], np.float64)
+    ref = a[rows] @ B64
+    assert np.all(np.isfinite(got)) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
+    assert np.all(np.isfinite(np.asarray(jnp.sum(out, axis=1))))
+
+
+def test_vmap_matvec_runs_spmm_on_gpu():
+    a = _uniform(5000, 4000, 9, seed=8)
+    pair = sparse.csr_pair(_bcsr(a, np.float32, _gpu()))
+    X, X64 = _dense_in((16, 4000), np.float32, _gpu())
+    f = jax.jit(jax.vmap(pair.matvec))
+    assert "f32[5000,16]" in str(jax.make_jaxpr(jax.vmap(pair.matvec))(X))
+    assert _rel(f(X), (a @ X64.T).T) < 1e-5
+    U, U64 = _dense_in((16, 5000), np.float32, _gpu(), seed=3)
+    assert _rel(jax.jit(jax.vmap(pair.rmatvec))(U), (a.T @ U64.T).T) < 1e-5
+
+
+def test_small_deterministic():
+    a = _power_law(5000, 5000, seed=9, max_len=4000)
+    pair = sparse.csr_pair(_bcsr(a, np.float32, _gpu()), split_chunk=256)
+    x, _ = _dense_in((5000, 8), np.float32, _gpu())
+    f = jax.jit(lambda p, x: p.matmat(x))
+    first = np.asarray(f(pair, x))
+    for _ in range(3):
+        assert np.array_equal(np.asarray(f(pair, x)), first)
+
+
+def test_grad_on_gpu():
+    a = _uniform(300, 200, 5, seed=10)
+    A = _bcsr(a, np.float32, _gpu())
+    x, x64 = _dense_in((200, 4), np.float32, _gpu())
+    gx = jax.jit(jax.grad(lambda x: jnp.sum(sparse.matmul(A, x) ** 2)))(x)
+    assert _rel(gx, 2 * a.T @ (a @ x64)) < 1e-5
