@@ -22,6 +22,7 @@ from jax_ops.bench.harness import (
 # suite name -> module with run(ctx)
 SUITES = {
     "recurrence": "jax_ops.bench.recurrence",
+    "sparse": "jax_ops.bench.sparse",
 }
 
 
