@@ -3,10 +3,20 @@
 Importing this package loads nothing native; targets are registered on the first op call.
 """
 
-from jax_ops import lsmr_kernels, sparse
+from jax_ops import attention, lsmr_kernels, sparse
 from jax_ops._ffi import has_cuda_build, runtime_info
+from jax_ops.attention import dot_product_attention
 from jax_ops.lsmr_solver import LSMRResult, lsmr
 
 __version__ = "0.1.0"
 
-__all__ = ["LSMRResult", "has_cuda_build", "lsmr", "lsmr_kernels", "runtime_info", "sparse"]
+__all__ = [
+    "LSMRResult",
+    "attention",
+    "dot_product_attention",
+    "has_cuda_build",
+    "lsmr",
+    "lsmr_kernels",
+    "runtime_info",
+    "sparse",
+]
