@@ -321,7 +321,7 @@ def _ffi_spmm(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr, 
     return res
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _core(plan: Plan, implementation: str | None):
     """``out[M, N] = alpha * (A @ b2) + beta * y`` as a custom_vmap'd kernel call (vmap folds into N)."""
 

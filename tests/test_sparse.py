@@ -2,8 +2,8 @@
 input semantics, grads, vmap, shard_map."""
 
 import jax
-import jax.test_util  # noqa: F401  (check_grads)
 import jax.numpy as jnp
+import jax.test_util  # noqa: F401  (check_grads)
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -350,7 +350,8 @@ def test_shard_map_spmm_over_columns():
     devices = jax.devices()
     if len(devices) < 8:
         pytest.skip("needs 8 (fake) devices: tests/conftest.py sets them")
-    from jax.sharding import Mesh, PartitionSpec as P
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
 
     a = _random_csr(64, 48, 0.1, np.float32)
     pair = sparse.csr_pair(_bcsr(a, np.float32))

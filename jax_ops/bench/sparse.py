@@ -187,7 +187,8 @@ def run(ctx) -> list[dict]:
             A = jsparse.BCSR((jnp.asarray(vals, dtype), jnp.asarray(indices), jnp.asarray(indptr)), shape=(m, k))
             t_build = time_call(lambda A=A: sparse.csr_pair(A).values_t, min_seconds=0.0, repeats=3)
             t_transpose = time_call(
-                lambda A=A: sparse._transpose_csr(A.indptr, A.indices, A.data, m, k), min_seconds=0.0, repeats=3
+                lambda A=A, m=m, k=k: sparse._transpose_csr(A.indptr, A.indices, A.data, m, k), min_seconds=0.0,
+                repeats=3,
             )
             pair = sparse.csr_pair(A)
             prof = pair.profile
