@@ -1,0 +1,83 @@
+// CUDA FFI handler of jax_ops_attention_fwd: decode, validate (the contract's shared checks), dispatch on dtype
+// and head dim, launch. float32 and head dims outside {32, 64, 96, 128, 256} have no CUDA kernel: the handler
+// refuses them and jax_ops.dot_product_attention routes them to its documented fallback before lowering.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "attention/attention_kernels.h"
+#include "attention/attention_params.h"
+#include "common/cuda_helpers.h"
+
+namespace jax_ops::attention {
+namespace {
+
+template <typename T>
+cudaError_t LaunchForHeadDim(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr) {
+  switch (p.head_dim) {
+    case 32: return LaunchAttentionFwd<T, 32>(stream, p, ptr);
+    case 64: return LaunchAttentionFwd<T, 64>(stream, p, ptr);
+    case 96: return LaunchAttentionFwd<T, 96>(stream, p, ptr);
+    case 128: return LaunchAttentionFwd<T, 128>(stream, p, ptr);
+    case 256: return LaunchAttentionFwd<T, 256>(stream, p, ptr);
+    default: return cudaErrorInvalidValue;  // unreachable: checked by the handler
+  }
+}
+
+ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                            ffi::AnyBuffer bias, ffi::AnyBuffer mask, ffi::AnyBuffer q_seqlen,
+                            ffi::AnyBuffer kv_seqlen, float scale, bool is_causal, int64_t window_left,
+                            int64_t window_right, bool has_bias, bool has_mask, bool has_q_seqlen,
+                            bool has_kv_seqlen, ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse) {
+  auto params = CheckAttentionArgs(q, k, v, bias, mask, q_seqlen, kv_seqlen, scale, is_causal, window_left,
+                                   window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen);
+  if (params.has_error()) return params.error();
+  const AttentionParams& p = *params;
+  JAX_OPS_RETURN_IF_ERROR(CheckFwdOutputs(p, *o, *lse));
+  const int64_t hd = p.head_dim;
+  JAX_OPS_CHECK_ARG(hd == 32 || hd == 64 || hd == 96 || hd == 128 || hd == 256,
+                    "the CUDA attention kernel supports head dims 32, 64, 96, 128, 256; got " << hd);
+  JAX_OPS_CHECK_ARG(p.num_heads <= 65535 && p.batch <= 65535,
+                    "the CUDA attention kernel supports up to 65535 heads and batches; got N=" << p.num_heads
+                                                                                              << " B=" << p.batch);
+  FwdPointers ptr{q.untyped_data(),
+                  k.untyped_data(),
+                  v.untyped_data(),
+                  bias.untyped_data(),
+                  static_cast<const bool*>(mask.untyped_data()),
+                  static_cast<const int32_t*>(q_seqlen.untyped_data()),
+                  static_cast<const int32_t*>(kv_seqlen.untyped_data()),
+                  o->untyped_data(),
+                  static_cast<float*>(lse->untyped_data()),
+                  bias.element_type() == ffi::DataType::F32};
+  return DispatchDType<ffi::DataType::F16, ffi::DataType::BF16>(
+      p.dtype, "q (the CUDA attention kernel takes float16 or bfloat16)", [&](auto tag) -> ffi::Error {
+        using T = std::conditional_t<decltype(tag)::value == ffi::DataType::F16, __half, __nv_bfloat16>;
+        JAX_OPS_RETURN_IF_CUDA_ERROR(LaunchForHeadDim<T>(stream, p, ptr));
+        return ffi::Error::Success();
+      });
+}
+
+}  // namespace
+}  // namespace jax_ops::attention
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsAttentionFwdCuda, jax_ops::attention::AttentionFwdCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // q
+                                  .Arg<xla::ffi::AnyBuffer>()  // k
+                                  .Arg<xla::ffi::AnyBuffer>()  // v
+                                  .Arg<xla::ffi::AnyBuffer>()  // bias
+                                  .Arg<xla::ffi::AnyBuffer>()  // mask
+                                  .Arg<xla::ffi::AnyBuffer>()  // q_seqlen
+                                  .Arg<xla::ffi::AnyBuffer>()  // kv_seqlen
+                                  .Attr<float>("scale")
+                                  .Attr<bool>("is_causal")
+                                  .Attr<int64_t>("window_left")
+                                  .Attr<int64_t>("window_right")
+                                  .Attr<bool>("has_bias")
+                                  .Attr<bool>("has_mask")
+                                  .Attr<bool>("has_q_seqlen")
+                                  .Attr<bool>("has_kv_seqlen")
+                                  .Ret<xla::ffi::AnyBuffer>()   // o
+                                  .Ret<xla::ffi::AnyBuffer>(),  // lse
+                              {xla::ffi::Traits::kCmdBufferCompatible});

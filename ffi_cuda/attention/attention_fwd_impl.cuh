@@ -1,0 +1,361 @@
+// FlashAttention forward (online softmax) with mma.sync m16n8k16 tensor-core tiles: the portable sm_80+ path.
+// Included once per (dtype, head dim) by attention_fwd_<dtype>_hd<D>.cu.
+//
+// CTA = 4 warps = 64 query rows of one (batch, head); each warp owns 16 rows. K/V tiles of kBlockN keys stream
+// through shared memory with cp.async: V(j) loads while S = Q K(j)^T computes, K(j+1) loads while O += P V(j)
+// computes. Softmax state (m, l, O) is fp32 in registers, in the log2 domain (exp2 of scale*log2e*logit).
+// Shared-memory rows are XOR-swizzled in 16-byte chunks so ldmatrix reads of 8 rows hit 8 different bank
+// groups. Tiles wholly outside the allowed key range (causal, window, seq lengths) are skipped; tiles wholly
+// inside skip the per-element position test. Heavy causal CTAs (late query blocks) are scheduled first.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "attention/attention_kernels.h"
+#include "common/cuda_helpers.h"
+
+namespace jax_ops::attention {
+namespace {
+
+template <int kHeadDim>
+struct FwdTraits {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBlockM = 16 * kWarps;
+  static constexpr int kBlockN = kHeadDim <= 128 ? 64 : 32;
+  static constexpr int kChunks = kHeadDim / 8;                  // 16-byte chunks of a head row
+  static constexpr int kPitch = (kHeadDim + 63) / 64 * 64;      // smem row pitch (elements): whole 8-chunk groups
+  static constexpr bool kQInRegs = kHeadDim <= 128;
+  static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kPitch * 2;
+};
+
+// Element index of (row, 16-byte chunk) in a swizzled tile.
+template <int kPitch>
+__device__ __forceinline__ int Swz(int row, int chunk) {
+  return row * kPitch + (((chunk & ~7) | ((chunk ^ row) & 7)) << 3);
+}
+
+__device__ __forceinline__ int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t Max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddr(p)));
+}
+
+template <typename T>
+struct Mma;
+template <>
+struct Mma<__half> {
+  __device__ __forceinline__ static void Run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static uint32_t Pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+template <>
+struct Mma<__nv_bfloat16> {
+  __device__ __forceinline__ static void Run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static uint32_t Pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+
+// Copies `rows` x kHeadDim elements (row stride `stride` elements) into a swizzled tile; rows >= `valid` are
+// zero-filled (never read from global memory).
+template <typename Tr, typename T>
+__device__ __forceinline__ void LoadTile(T* smem, const T* g, int64_t stride, int rows, int valid) {
+  for (int i = threadIdx.x; i < rows * Tr::kChunks; i += Tr::kThreads) {
+    const int r = i / Tr::kChunks, c = i - r * Tr::kChunks;
+    const bool ok = r < valid;
+    CpAsync16(smem + Swz<Tr::kPitch>(r, c), ok ? g + r * stride + c * 8 : g, ok);
+  }
+}
+
+__device__ __forceinline__ float QuadMax(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float QuadSum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+template <typename T>
+__device__ __forceinline__ float ToFloat(T v);
+template <>
+__device__ __forceinline__ float ToFloat<__half>(__half v) {
+  return __half2float(v);
+}
+template <>
+__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 2)
+    AttentionFwdKernel(const AttentionParams p, const FwdPointers ptr) {
+  using Tr = FwdTraits<kHeadDim>;
+  constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kP = Tr::kPitch;
+  constexpr int kNT = kBN / 8;        // n-tiles of S per warp
+  constexpr int kDT = kHeadDim / 8;   // d-tiles of O per warp
+  constexpr int kKS = kHeadDim / 16;  // k-steps of Q K^T
+  constexpr float kLog2e = 1.4426950408889634f;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + kBM * kP;
+  T* sV = sK + kBN * kP;
+
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late) causal blocks first
+  const int64_t n = blockIdx.y, b = blockIdx.z;
+  const int64_t kh = n / p.group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t m0 = int64_t{m_block} * kBM;
+
+  const int64_t q_len = p.has_q_seqlen ? Min64(Max64(ptr.q_seqlen[b], 0), p.seqlen_q) : p.seqlen_q;
+  const int64_t kv_len = p.has_kv_seqlen ? Min64(Max64(ptr.kv_seqlen[b], 0), p.seqlen_k) : p.seqlen_k;
+
+  // Key range of the whole block: lo/hi are monotone in t, so the first and last live rows bound it.
+  const int64_t last_row = Min64(m0 + kBM, Min64(q_len, p.seqlen_q)) - 1;
+  int64_t key_lo = 0, key_hi = 0;
+  if (last_row >= m0) {
+    key_lo = AllowedKeys(p, m0, q_len, kv_len).lo;
+    key_hi = AllowedKeys(p, last_row, q_len, kv_len).hi;
+  }
+  // Keys every row of the block may see (tiles inside need no per-element position test).
+  KeyRange inner{0, 0};
+  if (last_row == m0 + kBM - 1) {
+    inner.lo = AllowedKeys(p, last_row, q_len, kv_len).lo;
+    inner.hi = AllowedKeys(p, m0, q_len, kv_len).hi;
+  }
+
+  const T* q = static_cast<const T*>(ptr.q) + p.QOffset(b, m0, n);
+  const T* k = static_cast<const T*>(ptr.k) + p.KOffset(b, 0, kh);
+  const T* v = static_cast<const T*>(ptr.v) + p.KOffset(b, 0, kh);
+  T* o = static_cast<T*>(ptr.o) + p.QOffset(b, m0, n);
+
+  // Rows of this thread: r[0] = m0 + warp*16 + lane/4, r[1] = r[0] + 8; their allowed key ranges.
+  const int row_in_block = warp * 16 + (lane >> 2);
+  int64_t rows[2] = {m0 + row_in_block, m0 + row_in_block + 8};
+  KeyRange row_keys[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+    row_keys[i] = rows[i] < p.seqlen_q ? AllowedKeys(p, rows[i], q_len, kv_len) : KeyRange{0, 0};
+
+  const int tile_lo = key_hi > key_lo ? static_cast<int>(key_lo / kBN) : 0;
+  const int tile_hi = key_hi > key_lo ? static_cast<int>((key_hi + kBN - 1) / kBN) : 0;
+
+  float acc_o[kDT][4];
+#pragma unroll
+  for (int i = 0; i < kDT; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};  // this thread's partial sums; reduced over the quad at the end
+
+  if (tile_lo < tile_hi) {
+    const int q_valid = static_cast<int>(Min64(kBM, p.seqlen_q - m0));
+    LoadTile<Tr>(sQ, q, p.q_row_stride, kBM, q_valid);
+    {
+      const int64_t s0 = int64_t{tile_lo} * kBN;
+      LoadTile<Tr>(sK, k + s0 * p.k_row_stride, p.k_row_stride, kBN, static_cast<int>(Min64(kBN, p.seqlen_k - s0)));
+    }
+    CpAsyncCommit();
+
+    uint32_t q_frag[Tr::kQInRegs ? kKS : 1][4];
+    const float scale_log2 = p.scale * kLog2e;
+
+    for (int tile = tile_lo; tile < tile_hi; ++tile) {
+      const int64_t s0 = int64_t{tile} * kBN;
+      const int kv_valid = static_cast<int>(Min64(kBN, p.seqlen_k - s0));
+      CpAsyncWait<0>();
+      __syncthreads();  // K(tile) (and Q) visible; every warp is done with V(tile-1)
+      LoadTile<Tr>(sV, v + s0 * p.k_row_stride, p.k_row_stride, kBN, kv_valid);
+      CpAsyncCommit();
+
+      if constexpr (Tr::kQInRegs) {
+        if (tile == tile_lo) {
+#pragma unroll
+          for (int ks = 0; ks < kKS; ++ks)
+            LdMatrixX4(q_frag[ks], sQ + Swz<kP>(warp * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+        }
+      }
+
+      // S = Q K^T for this warp's 16 rows x kBN keys.
+      float s[kNT][4];
+#pragma unroll
+      for (int i = 0; i < kNT; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < kKS; ++ks) {
+        uint32_t a[4];
+        if constexpr (Tr::kQInRegs) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[i] = q_frag[ks][i];
+        } else {
+          LdMatrixX4(a, sQ + Swz<kP>(warp * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+        }
+#pragma unroll
+        for (int nt2 = 0; nt2 < kNT / 2; ++nt2) {
+          uint32_t bk[4];
+          LdMatrixX4(bk, sK + Swz<kP>(nt2 * 16 + (lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+          Mma<T>::Run(s[2 * nt2], a, bk[0], bk[1]);
+          Mma<T>::Run(s[2 * nt2 + 1], a, bk[2], bk[3]);
+        }
+      }
+
+      // Scale to the log2 domain, add bias, mask; then the online-softmax update.
+      const bool interior = !p.has_mask && s0 >= inner.lo && s0 + kBN <= inner.hi;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = e >> 1;
+          const int64_t col = s0 + nt * 8 + (lane & 3) * 2 + (e & 1);
+          float x = s[nt][e] * scale_log2;
+          if (p.has_bias) {
+            bool in_range = rows[i] < p.seqlen_q && col < p.seqlen_k;
+            if (in_range) {
+              const int64_t off = p.bias_strides.Offset(b, n, rows[i], col);
+              const float bv = ptr.bias_is_f32 ? static_cast<const float*>(ptr.bias)[off]
+                                               : ToFloat(static_cast<const T*>(ptr.bias)[off]);
+              x += bv * kLog2e;
+            }
+          }
+          if (!interior) {
+            bool ok = col >= row_keys[i].lo && col < row_keys[i].hi;
+            if (ok && p.has_mask) ok = ptr.mask[p.mask_strides.Offset(b, n, rows[i], col)];
+            if (!ok) x = -INFINITY;
+          }
+          s[nt][e] = x;
+        }
+      }
+      float corr[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
+        mx = QuadMax(mx);
+        const float new_max = fmaxf(row_max[i], mx);
+        // A row that has seen no allowed key keeps max = -inf; use 0 as the offset so exp2 gives 0, not NaN.
+        const float offset = new_max == -INFINITY ? 0.f : new_max;
+        corr[i] = exp2f(row_max[i] - offset);
+        row_max[i] = new_max;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          s[nt][2 * i] = exp2f(s[nt][2 * i] - offset);
+          s[nt][2 * i + 1] = exp2f(s[nt][2 * i + 1] - offset);
+          sum += s[nt][2 * i] + s[nt][2 * i + 1];
+        }
+        row_sum[i] = row_sum[i] * corr[i] + sum;
+      }
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) {
+        acc_o[dt][0] *= corr[0];
+        acc_o[dt][1] *= corr[0];
+        acc_o[dt][2] *= corr[1];
+        acc_o[dt][3] *= corr[1];
+      }
+
+      CpAsyncWait<0>();
+      __syncthreads();  // V(tile) visible; every warp is done reading K(tile)
+      if (tile + 1 < tile_hi) {
+        const int64_t s1 = s0 + kBN;
+        LoadTile<Tr>(sK, k + s1 * p.k_row_stride, p.k_row_stride, kBN, static_cast<int>(Min64(kBN, p.seqlen_k - s1)));
+        CpAsyncCommit();
+      }
+
+      // O += P V: P's accumulator layout is the A-operand layout of the next mma (two n-tiles per k-step).
+#pragma unroll
+      for (int ks = 0; ks < kBN / 16; ++ks) {
+        uint32_t a[4];
+        a[0] = Mma<T>::Pack(s[2 * ks][0], s[2 * ks][1]);
+        a[1] = Mma<T>::Pack(s[2 * ks][2], s[2 * ks][3]);
+        a[2] = Mma<T>::Pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+        a[3] = Mma<T>::Pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+#pragma unroll
+        for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
+          uint32_t bv[4];
+          LdMatrixX4Trans(bv, sV + Swz<kP>(ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dt2 * 2 + (lane >> 4)));
+          Mma<T>::Run(acc_o[2 * dt2], a, bv[0], bv[1]);
+          Mma<T>::Run(acc_o[2 * dt2 + 1], a, bv[2], bv[3]);
+        }
+      }
+    }
+  }
+
+  // Epilogue: O / l and the log-sum-exp (natural log); empty rows give O = 0, lse = -inf.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float l = QuadSum(row_sum[i]);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int64_t t = rows[i];
+    if (t >= p.seqlen_q) continue;
+    T* orow = o + (t - m0) * p.q_row_stride;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      const uint32_t packed = Mma<T>::Pack(acc_o[dt][2 * i] * inv, acc_o[dt][2 * i + 1] * inv);
+      *reinterpret_cast<uint32_t*>(orow + dt * 8 + (lane & 3) * 2) = packed;
+    }
+    if ((lane & 3) == 0)
+      ptr.lse[p.LseOffset(b, n, t)] = l > 0.f ? (row_max[i] + log2f(l)) / kLog2e : -INFINITY;
+  }
+}
+
+}  // namespace
+
+template <typename T, int kHeadDim>
+cudaError_t LaunchAttentionFwd(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr) {
+  using Tr = FwdTraits<kHeadDim>;
+  if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
+  static const cudaError_t attr_status = cudaFuncSetAttribute(
+      AttentionFwdKernel<T, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  if (attr_status != cudaSuccess) return attr_status;
+  const int64_t m_blocks = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  if (m_blocks > 0x7fffffff || p.num_heads > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;
+  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_heads),
+                  static_cast<unsigned>(p.batch));
+  AttentionFwdKernel<T, kHeadDim><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, ptr);
+  return cudaGetLastError();
+}
+
+#define JAX_OPS_INSTANTIATE_ATTENTION_FWD(T, D) \
+  template cudaError_t LaunchAttentionFwd<T, D>(cudaStream_t, const AttentionParams&, const FwdPointers&);
+
+}  // namespace jax_ops::attention

@@ -1,0 +1,30 @@
+// Launchers for the CUDA attention kernels (contract in attention_params.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention/attention_params.h"
+
+namespace jax_ops::attention {
+
+// Device pointers of one forward call. `bias` is f32 when `bias_is_f32`, else the q dtype.
+struct FwdPointers {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* bias;
+  const bool* mask;
+  const int32_t* q_seqlen;
+  const int32_t* kv_seqlen;
+  void* o;
+  float* lse;
+  bool bias_is_f32;
+};
+
+// T: __half or __nv_bfloat16; kHeadDim: 32, 64, 96, 128 or 256 (one instantiation per .cu file).
+template <typename T, int kHeadDim>
+cudaError_t LaunchAttentionFwd(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr);
+
+}  // namespace jax_ops::attention
