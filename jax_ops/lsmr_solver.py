@@ -264,21 +264,12 @@ def _csr_pair_class():
     return getattr(ops_sparse, "CSRPair", None)
 
 
-def _to_csr_pair(a):
+def _to_csr_pair(a, implementation):
     """BCOO/BCSR -> jax_ops.sparse.CSRPair (once, outside the loop), or None when the sparse module is absent."""
     cls = _csr_pair_class()
-    if cls is None:
+    if cls is None or not hasattr(cls, "from_matrix"):
         return None
-    from jax.experimental import sparse
-
-    if isinstance(a, sparse.BCSR) and hasattr(cls, "from_bcsr"):
-        return cls.from_bcsr(a)
-    if isinstance(a, sparse.BCSR):
-        a = a.to_bcoo()
-    for name in ("from_bcoo", "fromdense_bcoo"):
-        if hasattr(cls, name):
-            return getattr(cls, name)(a)
-    return None
+    return cls.from_matrix(a, implementation=implementation)
 
 
 def _as_operator(A, dtype, implementation):
@@ -301,7 +292,7 @@ def _as_operator(A, dtype, implementation):
         _check_float_dtype("A", A.dtype)
         if np.dtype(A.dtype) != dtype:
             A = type(A)((A.data.astype(dtype), *A._bufs[1:]), shape=A.shape)  # noqa: SLF001
-        pair = None if implementation == "xla" else _to_csr_pair(A)
+        pair = None if implementation == "xla" else _to_csr_pair(A, implementation)
         if pair is not None:
             A = pair
         else:
@@ -415,7 +406,7 @@ def _init(spec, leaves, B, X0, cp, implementation):
         "alpha": alpha, "beta": beta, "zetabar": alpha * beta, "alphabar": alpha, "rho": ones_k,
         "rhobar": ones_k, "cbar": ones_k, "sbar": zeros_k, "betadd": beta, "betad": zeros_k, "rhodold": ones_k,
         "tautildeold": zeros_k, "thetatilde": zeros_k, "zeta": zeros_k, "d": zeros_k,
-        "normA2": alpha * alpha, "maxrbar": zeros_k, "minrbar": jnp.full((k,), 1e100, dt),
+        "normA2": alpha * alpha, "maxrbar": zeros_k, "minrbar": jnp.full((k,), min(1e100, float(jnp.finfo(dt).max)), dt),
         "normA": jnp.sqrt(alpha * alpha), "condA": ones_k, "normx": zeros_k, "normr": beta,
         "normar": alpha * beta,
     }  # fmt: skip

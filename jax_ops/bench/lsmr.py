@@ -1,0 +1,256 @@
+"""Suite ``lsmr``: whole LSMR solves (float32) on generated problems shaped like the 8kv/11kv reconstruction
+inputs and like a bundle-adjustment Jacobian, against CuPy, lineax and SciPy.
+
+Rows per problem (``case``):
+  * ``jax_ops``: one right-hand side. ``time_us`` is the median solve (compile excluded; ``compile_s`` reported
+    apart), with ``itn``, ``istop``, ``us_per_iter`` and ``x_floor`` = time per iteration / (A v + A^T u time),
+    the pair's matvec+rmatvec timed with ``time_loop`` (``spmv_pair_us``).
+  * ``jax_ops x16``: 16 right-hand sides through ``jax.vmap`` (one block solve, SpMM per half-step);
+    ``vs_one`` = its time / the single solve.
+  * ``cupy`` (``cupyx.scipy.sparse.linalg.lsmr``), ``lineax`` (``lineax.LSMR`` on a
+    ``FunctionLinearOperator`` whose matvec is a BCSR product, the matrix passed as a jit argument), ``scipy``
+    (only on the smallest problem, iterations capped so it stays well under a minute: compare ``us_per_iter``).
+    Their rows carry ``ours_vs`` = our solve time / theirs (time per iteration for the capped SciPy run).
+Targets (docs/lsmr.md): ours_vs <= 0.15 (CuPy), <= 0.3 (lineax); x_floor <= 1.5; compile_s < 5; vs_one <= 4.
+
+Problems: rows with a fixed number of random nonzeros (~ the 8kv/11kv row density), values N(0, 1), columns
+scaled by a permuted logspace so that LSMR needs thousands of iterations; the right-hand side is inconsistent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_ops.bench.harness import time_call, time_loop
+
+_TOL = dict(atol=1e-6, btol=1e-6)
+
+
+@dataclasses.dataclass
+class Problem:
+    name: str
+    m: int
+    n: int
+    nnz_per_row: int
+    colscale: float  # log10 of the column-scale spread
+    maxiter: int
+    kind: str = "random"  # or "ba" (bundle adjustment)
+    cameras: int = 0
+    points: int = 0
+
+
+def _problems(quick: bool, on_gpu: bool) -> list[Problem]:
+    if quick or not on_gpu:
+        return [
+            Problem("8kv-like/100", 30_614, 618, 18, 2.0, 3000),
+            Problem("ba-like small", 0, 0, 12, 1.0, 1000, kind="ba", cameras=50, points=2_000),
+        ]
+    return [
+        Problem("8kv-like 306136x6177", 306_136, 6_177, 18, 2.0, 5000),
+        Problem("11kv-like 936063x23394", 936_063, 23_394, 21, 2.0, 5000),
+        Problem("ba-like 1Mx618k", 0, 0, 12, 1.0, 3000, kind="ba", cameras=2_000, points=200_000),
+    ]
+
+
+def _build(p: Problem, seed: int = 0):
+    """(scipy.sparse CSR float32, b float32) for the problem."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    if p.kind == "ba":
+        obs = p.points * 5 // 2  # each point seen by ~2.5 cameras
+        n = 9 * p.cameras + 3 * p.points
+        cam = rng.integers(0, p.cameras, obs)
+        pt = rng.integers(0, p.points, obs)
+        rows = np.repeat(np.arange(2 * obs), 12)
+        cols_obs = np.concatenate(
+            [9 * cam[:, None] + np.arange(9), 9 * p.cameras + 3 * pt[:, None] + np.arange(3)], axis=1
+        )  # [obs, 12]
+        cols = np.repeat(cols_obs, 2, axis=0).reshape(-1)
+        m = 2 * obs
+    else:
+        m, n = p.m, p.n
+        rows = np.repeat(np.arange(m), p.nnz_per_row)
+        cols = rng.integers(0, n, m * p.nnz_per_row)
+    vals = rng.standard_normal(rows.shape[0]).astype(np.float32)
+    scale = np.logspace(0, p.colscale, n)[rng.permutation(n)].astype(np.float32)
+    vals *= scale[cols]
+    a = sp.csr_matrix((vals, (rows, cols)), shape=(m, n), dtype=np.float32)
+    a.sum_duplicates()
+    b = rng.standard_normal(m).astype(np.float32)
+    return a, b
+
+
+def _operator(a):
+    """Our operator: jax_ops.sparse.CSRPair when the sparse family is present, else BCSR (XLA products)."""
+    from jax.experimental import sparse
+
+    try:
+        from jax_ops.sparse import CSRPair
+    except ImportError:
+        return sparse.BCOO.from_scipy_sparse(a), "BCOO (no jax_ops.sparse)"
+    return CSRPair.from_matrix(sparse.BCSR.from_scipy_sparse(a)), "CSRPair"
+
+
+def _spmv_pair_seconds(op) -> float:
+    """Seconds for one A v followed by one A^T u (the two products of an LSMR iteration)."""
+    n = op.shape[1]
+
+    def step(v, op_):
+        if hasattr(op_, "rmatvec"):
+            return op_.rmatvec(op_.matvec(v)) * jnp.float32(1e-3)
+        return (op_.T @ (op_ @ v)) * jnp.float32(1e-3)
+
+    return time_loop(step, jnp.ones((n,), jnp.float32), op, min_seconds=0.05, repeats=3)
+
+
+def _ours(p, op, b, rows, case, ctx):
+    import jax_ops
+
+    maxiter = p.maxiter
+
+    def solve(op_, b_):
+        return jax_ops.lsmr(op_, b_, maxiter=maxiter, **_TOL)
+
+    bj = jnp.asarray(b)
+    t0 = time.perf_counter()
+    compiled = jax.jit(solve).lower(op, bj).compile()
+    compile_s = time.perf_counter() - t0
+    out = jax.block_until_ready(compiled(op, bj))
+    t = time_call(lambda: compiled(op, bj), min_seconds=0.0, repeats=3)
+    itn, istop = int(out.itn), int(out.istop)
+    pair = _spmv_pair_seconds(op)
+    per_iter = t / max(itn, 1)
+    row = {
+        "case": case, "impl": "jax_ops", "time_us": t * 1e6, "itn": itn, "istop": istop,
+        "us_per_iter": per_iter * 1e6, "spmv_pair_us": pair * 1e6, "x_floor": per_iter / pair,
+        "compile_s": compile_s,
+    }  # fmt: skip
+    rows.append(row)
+
+    k = 16
+    bs = jnp.asarray(np.random.default_rng(1).standard_normal((k, b.shape[0])).astype(np.float32))
+    bs = bs.at[0].set(bj)
+    t0 = time.perf_counter()
+    compiled16 = jax.jit(jax.vmap(solve, in_axes=(None, 0))).lower(op, bs).compile()
+    compile16 = time.perf_counter() - t0
+    out16 = jax.block_until_ready(compiled16(op, bs))
+    t16 = time_call(lambda: compiled16(op, bs), min_seconds=0.0, repeats=3)
+    itn16 = int(np.max(np.asarray(out16.itn)))
+    rows.append(
+        {
+            "case": case, "impl": f"jax_ops x{k}", "time_us": t16 * 1e6, "itn": itn16,
+            "istop": int(np.asarray(out16.istop)[0]), "us_per_iter": t16 / max(itn16, 1) * 1e6,
+            "vs_one": t16 / t, "compile_s": compile16,
+        }
+    )  # fmt: skip
+    return t, itn, out
+
+
+def _cupy_row(p, a, b, case, t_ours):
+    try:
+        import cupy
+        import cupyx.scipy.sparse as csp
+        from cupyx.scipy.sparse.linalg import lsmr as cupy_lsmr
+    except Exception as e:  # noqa: BLE001 - any import failure means the anchor is unavailable
+        return {"case": case, "impl": "cupy", "time_us": None, "note": f"skipped: {type(e).__name__}: {e}"[:120]}
+    try:
+        a_gpu = csp.csr_matrix(a)
+        b_gpu = cupy.asarray(b)
+        x0 = cupy.zeros(a.shape[1], cupy.float32)  # keeps CuPy in float32
+
+        def run():
+            out = cupy_lsmr(a_gpu, b_gpu, x0=x0, maxiter=p.maxiter, **_TOL)
+            cupy.cuda.get_current_stream().synchronize()
+            return out
+
+        out = run()
+        t = time_call(run, min_seconds=0.0, repeats=3)
+        itn = int(out[2])
+        return {
+            "case": case, "impl": "cupy", "time_us": t * 1e6, "itn": itn, "istop": int(out[1]),
+            "us_per_iter": t / max(itn, 1) * 1e6, "ours_vs": t_ours / t,
+        }  # fmt: skip
+    except Exception as e:  # noqa: BLE001
+        return {"case": case, "impl": "cupy", "time_us": None, "note": f"failed: {type(e).__name__}: {e}"[:120]}
+
+
+def _lineax_row(p, a, b, case, t_ours):
+    try:
+        import lineax as lx
+        from jax.experimental import sparse
+    except Exception as e:  # noqa: BLE001
+        return {"case": case, "impl": "lineax", "time_us": None, "note": f"skipped: {type(e).__name__}: {e}"[:120]}
+    try:
+        bcsr = sparse.BCSR.from_scipy_sparse(a)
+        m, n = a.shape
+        try:
+            solver = lx.LSMR(rtol=_TOL["btol"], atol=_TOL["atol"], max_steps=p.maxiter)
+        except TypeError:
+            solver = lx.LSMR(atol=_TOL["atol"], btol=_TOL["btol"], max_steps=p.maxiter)
+
+        def solve(data, indices, indptr, b_):
+            mat = sparse.BCSR((data, indices, indptr), shape=(m, n))
+            op = lx.FunctionLinearOperator(lambda v: mat @ v, jax.ShapeDtypeStruct((n,), jnp.float32))
+            sol = lx.linear_solve(op, b_, solver=solver, throw=False)
+            return sol.value, sol.stats.get("num_steps", jnp.int32(-1))
+
+        args = (bcsr.data, bcsr.indices, bcsr.indptr, jnp.asarray(b))
+        fn = jax.jit(solve).lower(*args).compile()
+        out = jax.block_until_ready(fn(*args))
+        t = time_call(lambda: fn(*args), min_seconds=0.0, repeats=3)
+        itn = int(out[1])
+        return {
+            "case": case, "impl": "lineax", "time_us": t * 1e6, "itn": itn,
+            "us_per_iter": t / max(itn, 1) * 1e6, "ours_vs": t_ours / t,
+        }  # fmt: skip
+    except Exception as e:  # noqa: BLE001
+        return {"case": case, "impl": "lineax", "time_us": None, "note": f"failed: {type(e).__name__}: {e}"[:120]}
+
+
+def _scipy_row(p, a, b, case, t_ours, itn_ours, budget_s: float):
+    try:
+        from scipy.sparse.linalg import lsmr as scipy_lsmr
+    except Exception as e:  # noqa: BLE001
+        return {"case": case, "impl": "scipy", "time_us": None, "note": f"skipped: {e}"[:120]}
+    t0 = time.perf_counter()
+    scipy_lsmr(a, b, maxiter=5, **_TOL)  # probe the per-iteration cost
+    probe = (time.perf_counter() - t0) / 5
+    cap = int(max(5, min(p.maxiter, budget_s / max(probe, 1e-9))))
+    t0 = time.perf_counter()
+    out = scipy_lsmr(a, b, maxiter=cap, **_TOL)
+    t = time.perf_counter() - t0
+    itn = int(out[2])
+    per_iter = t / max(itn, 1)
+    return {
+        "case": case, "impl": "scipy", "time_us": t * 1e6, "itn": itn, "istop": int(out[1]),
+        "us_per_iter": per_iter * 1e6, "ours_vs": (t_ours / max(itn_ours, 1)) / per_iter,
+        "note": "iterations capped" if itn == cap and itn < p.maxiter else "",
+    }  # fmt: skip
+
+
+def run(ctx) -> list[dict]:
+    on_gpu = jax.default_backend() == "gpu"
+    problems = _problems(ctx.quick, on_gpu)
+    progress = ctx.progress(len(problems) * 4, "lsmr")
+    rows: list[dict] = []
+    for i, p in enumerate(problems):
+        a, b = _build(p)
+        op, op_kind = _operator(a)
+        case = f"{p.name} nnz={a.nnz / 1e6:.2f}M"
+        t, itn, _ = _ours(p, op, b, rows, case, ctx)
+        rows[-2]["note"] = op_kind
+        progress.step(f"jax_ops {p.name}")
+        rows.append(_cupy_row(p, a, b, case, t))
+        progress.step(f"cupy {p.name}")
+        rows.append(_lineax_row(p, a, b, case, t))
+        progress.step(f"lineax {p.name}")
+        if i == 0:
+            rows.append(_scipy_row(p, a, b, case, t, itn, budget_s=5.0 if ctx.quick else 30.0))
+        progress.step(f"scipy {p.name}")
+    return rows

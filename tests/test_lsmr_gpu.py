@@ -1,0 +1,104 @@
+"""jax_ops.lsmr on the GPU: the same solve on CUDA equals the CPU result within the CPU test bounds.
+
+Run on the GPU machine: ``pytest -m gpu tests/test_lsmr_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+scipy = pytest.importorskip("scipy")
+import scipy.sparse as sp  # noqa: E402
+from scipy.sparse.linalg import lsmr as scipy_lsmr  # noqa: E402
+
+import jax_ops  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _gen(m, n, colscale=0.0, density=0.01, seed=1, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    a = sp.random(m, n, density=density, random_state=rng, format="csr") + sp.eye(m, n) * 0.5
+    return sp.csr_matrix(a @ sp.diags(np.logspace(0, colscale, n))).astype(dtype)
+
+
+def _rel(x, ref):
+    x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-300))
+
+
+def _solve_on(device, a, b, **kw):
+    from jax.experimental import sparse
+
+    with jax.default_device(device):
+        op = sparse.BCOO.from_scipy_sparse(a)
+        op = jax.device_put(op, device)
+        out = jax_ops.lsmr(op, jax.device_put(jnp.asarray(b), device), **kw)
+        return jax.tree_util.tree_map(np.asarray, out)
+
+
+@pytest.fixture
+def x64():
+    old = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", old)
+
+
+@pytest.mark.parametrize("m,n,kw", [(2000, 400, {}), (2000, 400, dict(damp=0.5)), (400, 2000, {}),
+                                    (2000, 400, dict(maxiter=7))])
+def test_gpu_float64_matches_cpu_and_scipy(x64, m, n, kw):
+    a = _gen(m, n)
+    b = np.random.default_rng(2).standard_normal(m)
+    ref = scipy_lsmr(a, b, **kw)
+    gpu = _solve_on(jax.devices("cuda")[0], a, b, **kw)
+    cpu = _solve_on(jax.devices("cpu")[0], a, b, **kw)
+    assert (int(gpu.istop), int(gpu.itn)) == (int(cpu.istop), int(cpu.itn)) == ref[1:3]
+    assert _rel(gpu.x, cpu.x) <= 1e-8
+    assert _rel(gpu.x, ref[0]) <= 1e-8
+
+
+@pytest.mark.parametrize("colscale", [0.0, 2.0])
+def test_gpu_float32_matches_cpu(colscale):
+    a64 = _gen(20000, 2000, colscale=colscale, density=0.002)
+    b64 = np.random.default_rng(3).standard_normal(20000)
+    a, b = a64.astype(np.float32), b64.astype(np.float32)
+    gpu = _solve_on(jax.devices("cuda")[0], a, b)
+    cpu = _solve_on(jax.devices("cpu")[0], a, b)
+    ref = scipy_lsmr(a, b)
+    assert gpu.x.dtype == np.float32
+    assert int(gpu.istop) == int(cpu.istop) == ref[1]
+    assert abs(int(gpu.itn) - int(cpu.itn)) <= max(1, 0.02 * int(cpu.itn))
+    res = lambda x: np.linalg.norm(a64 @ np.asarray(x, np.float64) - b64) / np.linalg.norm(b64)  # noqa: E731
+    assert abs(res(gpu.x) - res(cpu.x)) <= 1e-5 * res(cpu.x) + 1e-6
+    assert abs(res(gpu.x) - res(ref[0])) <= 1e-5 * res(ref[0]) + 1e-6
+
+
+def test_gpu_vmap_block_matches_single():
+    a = _gen(20000, 2000, density=0.002).astype(np.float32)
+    from jax.experimental import sparse
+
+    dev = jax.devices("cuda")[0]
+    op = jax.device_put(sparse.BCOO.from_scipy_sparse(a), dev)
+    bs = jax.device_put(jnp.asarray(np.random.default_rng(4).standard_normal((16, 20000)).astype(np.float32)), dev)
+    out = jax.jit(jax.vmap(lambda b: jax_ops.lsmr(op, b)))(bs)
+    for i in (0, 7, 15):
+        one = jax_ops.lsmr(op, bs[i])
+        assert int(out.istop[i]) == int(one.istop)
+        assert abs(int(out.itn[i]) - int(one.itn)) <= max(1, 0.02 * int(one.itn))
+        assert _rel(out.x[i], one.x) <= 1e-4
+
+
+def test_gpu_grad_b(x64):
+    rng = np.random.default_rng(5)
+    dev = jax.devices("cuda")[0]
+    a = jax.device_put(jnp.asarray(rng.standard_normal((60, 20))), dev)
+    b = jax.device_put(jnp.asarray(rng.standard_normal(60)), dev)
+    g = jax.grad(lambda b: jnp.sum(jax_ops.lsmr(a, b, atol=1e-14, btol=1e-14).x ** 2))(b)
+    ref = jax.grad(lambda b: jnp.sum(jnp.linalg.lstsq(a, b)[0] ** 2))(b)
+    np.testing.assert_allclose(np.asarray(g), np.asarray(ref), rtol=1e-7, atol=1e-10)
