@@ -51,8 +51,8 @@ def _problems(quick: bool, on_gpu: bool) -> list[Problem]:
             Problem("ba-like small", 0, 0, 12, 1.0, 1000, kind="ba", cameras=50, points=2_000),
         ]
     return [
-        Problem("8kv-like 306136x6177", 306_136, 6_177, 18, 2.0, 5000),
-        Problem("11kv-like 936063x23394", 936_063, 23_394, 21, 2.0, 5000),
+        Problem("8kv-like 306136x6177", 306_136, 6_177, 18, 2.5, 5000),
+        Problem("11kv-like 936063x23394", 936_063, 23_394, 21, 2.5, 5000),
         Problem("ba-like 1Mx618k", 0, 0, 12, 1.0, 3000, kind="ba", cameras=2_000, points=200_000),
     ]
 
