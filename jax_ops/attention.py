@@ -213,6 +213,34 @@ def unsupported_reason(query_dtype, head_dim: int, platform: str | None = None) 
 
 
 # ------------------------------------------------------------------------------------- raw FFI calls
+def _vma(x) -> frozenset:
+    return getattr(jax.typeof(x), "vma", frozenset())
+
+
+def _vary_like(outs, ins, targets=None):
+    """Inside ``jax.shard_map``: the kernel's results carry no varying-manual-axes type. Mark each result as
+    varying over the axes any input varies over; with ``targets`` (the primal inputs of cotangents), sum the
+    cotangent over axes its primal is invariant along and mark it varying where its primal is."""
+    union = frozenset().union(*(_vma(x) for x in ins if x is not None))
+    if not union and not targets:
+        return tuple(outs)
+    res = []
+    for i, x in enumerate(outs):
+        if x is None:
+            res.append(x)
+            continue
+        missing = tuple(sorted(union - _vma(x)))
+        x = jax.lax.pcast(x, missing, to="varying") if missing else x
+        if targets is not None:
+            want = _vma(targets[i])
+            extra = tuple(sorted(_vma(x) - want))
+            x = jax.lax.psum(x, extra) if extra else x
+            missing = tuple(sorted(want - _vma(x)))
+            x = jax.lax.pcast(x, missing, to="varying") if missing else x
+        res.append(x)
+    return tuple(res)
+
+
 def _fwd_ffi(cfg: _Config, q, k, v, bias, mask, qsl, kvsl):
     B, T, N, _ = q.shape
     out = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, N, T), jnp.float32))
@@ -249,7 +277,7 @@ def _shape_of(t) -> tuple[int, ...]:
     return tuple(mlir.ir.RankedTensorType(t).shape)
 
 
-def _rule(cfg: _Config, bwd: bool, value_types, result_types):
+def _rule(cfg: _Config, bwd: bool, mesh, value_types, result_types):
     """Shardy rule: batch ``b`` and kv heads ``k`` may shard; ``N = (k g)`` keeps the GQA group on one shard."""
     shapes = [_shape_of(t) for t in value_types]
     B, T, N, D = shapes[0]
@@ -285,7 +313,8 @@ def _rule(cfg: _Config, bwd: bool, value_types, result_types):
     else:
         outs = [qs, "b (k g) t"]
     rule = ", ".join(ins) + " -> " + ", ".join(outs)
-    return rule, {"need_replication_factors": ("t", "s", "d", "g"), "g": N // K}
+    # Special factors must be listed in the order the rule first uses them (q's dims, then k's).
+    return rule, {"need_replication_factors": ("t", "g", "d", "s"), "g": N // K}
 
 
 def _partition(cfg: _Config, bwd: bool, mesh, arg_shapes, result_shape):
@@ -446,21 +475,29 @@ def _fill(cfg: _Config, bias, mask, qsl, kvsl):
     return bias, mask, qsl, kvsl
 
 
+def _forward(cfg: _Config, q, k, v, bias, mask, qsl, kvsl):
+    ins = (q, k, v, bias, mask, qsl, kvsl)
+    return _vary_like(_fwd_op(cfg)(q, k, v, *_fill(cfg, bias, mask, qsl, kvsl)), ins)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _attention(cfg: _Config, q, k, v, bias, mask, qsl, kvsl):
-    return _fwd_op(cfg)(q, k, v, *_fill(cfg, bias, mask, qsl, kvsl))
+    return _forward(cfg, q, k, v, bias, mask, qsl, kvsl)
 
 
 def _attention_fwd(cfg: _Config, q, k, v, bias, mask, qsl, kvsl):
-    o, lse = _fwd_op(cfg)(q, k, v, *_fill(cfg, bias, mask, qsl, kvsl))
+    o, lse = _forward(cfg, q, k, v, bias, mask, qsl, kvsl)
     return (o, lse), (q, k, v, bias, mask, qsl, kvsl, o, lse)
 
 
 def _attention_bwd(cfg: _Config, res, cts):
     q, k, v, bias, mask, qsl, kvsl, o, lse = res
     do, _ = cts  # the residual (lse) is returned under stop_gradient, as jax.nn does
-    dq, dk, dv, db = _bwd_op(cfg)(q, k, v, *_fill(cfg, bias, mask, qsl, kvsl), o, lse, do.astype(q.dtype))
-    return dq, dk, dv, (db if cfg.has_bias else None), None, None, None
+    do = do.astype(q.dtype)
+    dq, dk, dv, db = _bwd_op(cfg)(q, k, v, *_fill(cfg, bias, mask, qsl, kvsl), o, lse, do)
+    grads = (dq, dk, dv, db if cfg.has_bias else None)
+    grads = _vary_like(grads, (q, k, v, bias, mask, qsl, kvsl, o, lse, do), targets=(q, k, v, bias))
+    return (*grads, None, None, None)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -573,6 +610,9 @@ def shard_map_attention(mesh, *, batch_axis=None, head_axis=None, **kwargs):
     full, else replicated; seq lengths ``P(batch_axis)``); each shard runs the kernel on its local block with no
     communication in the forward pass (``head_axis`` must divide the kv heads K). ``kwargs`` are the static
     keywords of :func:`dot_product_attention` (scale, is_causal, local_window_size, implementation, ...).
+
+    In a hand-written ``jax.shard_map``, call :func:`dot_product_attention` on the local blocks the same way;
+    differentiate it there with ``check_vma=False`` (jax 0.10 rejects its backward pass under vma checking).
     """
 
     def bspec(x, B, N):
@@ -606,9 +646,12 @@ def shard_map_attention(mesh, *, batch_axis=None, head_axis=None, **kwargs):
                 q, k, v, b, m, query_seq_lengths=qs, key_value_seq_lengths=ks, **kwargs
             )
 
-        return jax.shard_map(
-            local, mesh=mesh, in_specs=tuple(specs[i] for i in present), out_specs=out_specs
-        )(*(args[i] for i in present))
+        # check_vma=False: with jax 0.10 the backward pass of this custom_vjp is rejected under vma checking
+        # (its cotangents come back without varying-axes types); the kernel is purely per-shard.
+        smap = jax.shard_map(
+            local, mesh=mesh, in_specs=tuple(specs[i] for i in present), out_specs=out_specs, check_vma=False
+        )
+        return smap(*(args[i] for i in present))
 
     return f
 

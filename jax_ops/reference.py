@@ -32,19 +32,20 @@ def dot_product_attention(
     """Attention with the semantics of the ``jax_ops_attention_fwd`` contract (``ffi_cuda/attention``).
 
     ``q [B,T,N,D]``, ``k``/``v [B,S,K,D]`` (N a multiple of K), ``bias``/``mask`` rank 4 broadcastable to
-    ``[B,N,T,S]``, seq lengths int32 ``[B]``, ``window = (left, right)`` with -1 for unbounded. fp32 math.
-    Returns ``(o [B,T,N,D] in q's dtype, lse [B,N,T] float32)``; rows with no allowed key give ``o = 0`` and
+    ``[B,N,T,S]``, seq lengths int32 ``[B]``, ``window = (left, right)`` with -1 for unbounded. fp32 math
+    (fp64 for float64 inputs).
+    Returns ``(o [B,T,N,D] in q's dtype, lse [B,N,T] float32 or float64)``; rows with no allowed key give ``o = 0`` and
     ``lse = -inf`` (and zero gradients), where ``jax.nn``'s XLA path averages ``v`` instead.
     """
     import jax.numpy as jnp
 
-    f32 = jnp.float32
+    f32 = jnp.promote_types(q.dtype, jnp.float32)  # fp32 math (fp64 for float64 inputs)
     B, T, N, D = q.shape
     S, K = k.shape[1], k.shape[2]
     G = N // K
     qf = q.astype(f32).reshape(B, T, K, G, D)
     logits = jnp.einsum("btkgd,bskd->bkgts", qf, k.astype(f32), precision=jax.lax.Precision.HIGHEST)
-    logits = logits.reshape(B, N, T, S) * f32(scale)
+    logits = logits.reshape(B, N, T, S) * jnp.asarray(scale, f32)
     if bias is not None:
         logits = logits + bias.astype(f32)
     t = jnp.arange(T)[:, None]
