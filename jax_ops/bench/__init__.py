@@ -21,6 +21,7 @@ from jax_ops.bench.harness import (
 
 # suite name -> module with run(ctx)
 SUITES = {
+    "attention": "jax_ops.bench.attention",
     "lsmr": "jax_ops.bench.lsmr",
     "recurrence": "jax_ops.bench.recurrence",
     "sparse": "jax_ops.bench.sparse",

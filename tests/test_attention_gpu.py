@@ -1,0 +1,108 @@
+"""GPU tests of the attention kernels: CUDA target vs the CPU twin vs jax.nn (fp32 reference).
+
+Tests with "small" in their name are the compute-sanitizer set (.ci/gpu).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_ops
+
+pytestmark = pytest.mark.gpu
+
+TOL = {jnp.float16: 2e-3, jnp.bfloat16: 1e-2, jnp.float32: 1e-4}
+
+
+def _needs_cuda_target():
+    if "jax_ops_attention_fwd" not in jax_ops._ffi.target_names("CUDA"):
+        pytest.skip("this build has no CUDA attention target (jax_ops_attention_fwd): kernel not written yet")
+
+
+def rel_l2(a, b) -> float:
+    a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
+    b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
+    assert not np.isnan(a).any(), "NaN in output"
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def inputs(B, T, S, N, K, D, dtype, seed=0):
+    ks = jax.random.split(jax.random.key(seed), 3)
+    return tuple(jax.random.normal(kk, shp, jnp.float32).astype(dtype) for kk, shp in
+                 zip(ks, ((B, T, N, D), (B, S, K, D), (B, S, K, D))))  # fmt: skip
+
+
+def on_cpu(fn, *args):
+    """The CPU twin: the same jitted function with inputs committed to the host."""
+    return jax.jit(fn)(*jax.device_put(args, jax.devices("cpu")[0]))
+
+
+def run_case(shape, dtype, grads=False, **kw):
+    _needs_cuda_target()
+    q, k, v = inputs(*shape, dtype)
+    f = lambda q, k, v: jax_ops.dot_product_attention(q, k, v, implementation="ffi", **kw)  # noqa: E731
+    out = jax.jit(f)(q, k, v)
+    twin = on_cpu(f, q, k, v)
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    ref = jax_ops.dot_product_attention(f32(q), f32(k), f32(v), implementation="xla", **kw)
+    assert rel_l2(out, ref) < TOL[dtype]
+    assert rel_l2(out, twin) < TOL[dtype]
+    if grads:
+        w = jax.random.normal(jax.random.key(1), q.shape, jnp.float32)
+        loss = lambda fn: lambda q, k, v: jnp.sum(w * fn(q, k, v).astype(jnp.float32))  # noqa: E731
+        g = jax.jit(jax.grad(loss(f), (0, 1, 2)))(q, k, v)
+        ref_f = lambda q, k, v: jax_ops.dot_product_attention(q, k, v, implementation="xla", **kw)  # noqa: E731
+        g_ref = jax.grad(loss(ref_f), (0, 1, 2))(f32(q), f32(k), f32(v))
+        for a, b in zip(g, g_ref):
+            assert rel_l2(a, b) < 2 * TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_small_fwd(dtype, is_causal):
+    run_case((1, 17, 33, 2, 1, 64), dtype, is_causal=is_causal)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_small_bwd_gqa(dtype):
+    run_case((2, 40, 40, 4, 2, 64), dtype, grads=True, is_causal=True)
+
+
+@pytest.mark.parametrize("D", [32, 64, 96, 128, 256])
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_head_dims(D, dtype):
+    run_case((2, 300, 257, 4, 4, D), dtype, is_causal=True)
+
+
+@pytest.mark.parametrize("T,S", [(1, 1000), (1000, 1), (1000, 1000), (4096, 4096), (4097, 1023)])
+def test_long_and_tails(T, S):
+    run_case((1, T, S, 8, 2, 128), jnp.bfloat16, is_causal=True)
+
+
+def test_masks_bias_seqlens_window():
+    _needs_cuda_target()
+    B, T, S, N, K, D = 2, 200, 300, 8, 2, 128
+    q, k, v = inputs(B, T, S, N, K, D, jnp.bfloat16)
+    mask = jax.random.bernoulli(jax.random.key(3), 0.9, (B, 1, 1, S))
+    bias = jax.random.normal(jax.random.key(4), (1, N, T, S)).astype(jnp.bfloat16)
+    kw = dict(
+        local_window_size=(64, 8),
+        query_seq_lengths=jnp.array([200, 150], jnp.int32),
+        key_value_seq_lengths=jnp.array([300, 77], jnp.int32),
+    )
+    out = jax_ops.dot_product_attention(q, k, v, bias, mask, implementation="ffi", **kw)
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    ref = jax_ops.dot_product_attention(f32(q), f32(k), f32(v), f32(bias), mask, implementation="xla", **kw)
+    assert rel_l2(out, ref) < TOL[jnp.bfloat16]
+
+
+def test_small_fully_masked_rows():
+    _needs_cuda_target()
+    q, k, v = inputs(1, 8, 16, 2, 2, 64, jnp.float16)
+    mask = jnp.ones((1, 1, 8, 16), bool).at[0, 0, 3].set(False)
+    out, res = jax_ops.dot_product_attention(q, k, v, mask=mask, implementation="ffi", return_residual=True)
+    assert np.all(np.asarray(out[0, 3], np.float32) == 0) and np.all(
+        np.asarray(res[0, 3], np.float32) == -np.inf
+    )
+    assert not np.isnan(np.asarray(out, np.float32)).any()
