@@ -48,6 +48,9 @@ KERNEL_DTYPES = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16), np.dtype(np.floa
 MAX_HEAD_DIM = 256  # kMaxHeadDim in ffi_cuda/attention/attention_params.h
 FWD_TARGET = "jax_ops_attention_fwd"
 BWD_TARGET = "jax_ops_attention_bwd"
+# What the CUDA forward kernel instantiates (ffi_cuda/attention/attention_fwd_kernels_*.cu); keep in sync.
+CUDA_DTYPES = (np.dtype(jnp.float16), np.dtype(jnp.bfloat16))
+CUDA_HEAD_DIMS = (32, 64, 96, 128, 256)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,8 +208,13 @@ def unsupported_reason(query_dtype, head_dim: int, platform: str | None = None) 
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         return f"head dim {head_dim} is outside the kernel's range [1, {MAX_HEAD_DIM}]"
     platform = platform or jax.default_backend()
-    if platform == "gpu" and FWD_TARGET not in _ffi.target_names("CUDA"):
-        return "this jax_ops build has no CUDA attention kernel (jax_ops_attention_fwd)"
+    if platform == "gpu":
+        if FWD_TARGET not in _ffi.target_names("CUDA"):
+            return "this jax_ops build has no CUDA attention kernel (jax_ops_attention_fwd)"
+        if dtype not in CUDA_DTYPES:
+            return f"the CUDA attention kernel supports float16/bfloat16, not {dtype}"
+        if head_dim not in CUDA_HEAD_DIMS:
+            return f"the CUDA attention kernel supports head dims {CUDA_HEAD_DIMS}, not {head_dim}"
     if platform not in ("cpu", "gpu"):
         return f"no attention kernel for platform {platform!r}"
     return None
@@ -490,10 +498,35 @@ def _attention_fwd(cfg: _Config, q, k, v, bias, mask, qsl, kvsl):
     return (o, lse), (q, k, v, bias, mask, qsl, kvsl, o, lse)
 
 
+def _bwd_target_available() -> bool:
+    return jax.default_backend() != "gpu" or BWD_TARGET in _ffi.target_names("CUDA")
+
+
+def _reference_vjp(cfg: _Config, q, k, v, bias, mask, qsl, kvsl, do):
+    """Explicit backward fallback (no backward kernel for this platform): the VJP of the reference."""
+    window = (cfg.window_left, cfg.window_right)
+
+    def f(q, k, v, bias):
+        return reference.dot_product_attention(
+            q, k, v, bias, mask, qsl, kvsl, scale=cfg.scale, is_causal=cfg.is_causal, window=window
+        )[0]
+
+    _, vjp = jax.vjp(f, q, k, v, bias)
+    return vjp(do)
+
+
 def _attention_bwd(cfg: _Config, res, cts):
     q, k, v, bias, mask, qsl, kvsl, o, lse = res
     do, _ = cts  # the residual (lse) is returned under stop_gradient, as jax.nn does
     do = do.astype(q.dtype)
+    if not _bwd_target_available():
+        _checks.warn_once(
+            "attention:bwd",
+            "jax_ops.dot_product_attention: this build has no CUDA attention backward kernel "
+            "(jax_ops_attention_bwd); the backward pass uses the XLA reference",
+        )
+        dq, dk, dv, db = _reference_vjp(cfg, q, k, v, bias, mask, qsl, kvsl, do)
+        return dq, dk, dv, db, None, None, None
     dq, dk, dv, db = _bwd_op(cfg)(q, k, v, *_fill(cfg, bias, mask, qsl, kvsl), o, lse, do)
     grads = (dq, dk, dv, db if cfg.has_bias else None)
     grads = _vary_like(grads, (q, k, v, bias, mask, qsl, kvsl, o, lse, do), targets=(q, k, v, bias))

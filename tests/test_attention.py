@@ -366,6 +366,10 @@ def test_unsupported_reason_rules():
     assert "head dim" in attention.unsupported_reason(jnp.float16, 512, "cpu")
     if "jax_ops_attention_fwd" not in jax_ops._ffi.target_names("CUDA"):
         assert "CUDA" in attention.unsupported_reason(jnp.float16, 128, "gpu")
+    else:
+        assert attention.unsupported_reason(jnp.bfloat16, 128, "gpu") is None
+        assert "float16/bfloat16" in attention.unsupported_reason(jnp.float32, 128, "gpu")
+        assert "head dims" in attention.unsupported_reason(jnp.float16, 80, "gpu")
 
 
 def test_no_warning_on_supported_input():
@@ -381,3 +385,22 @@ def test_reference_matches_jax_nn_on_nonempty_rows():
     ref, ref_res = nn_xla(q, k, v, scale=0.3, is_causal=True, return_residual=True)
     np.testing.assert_allclose(o, ref, atol=2e-5, rtol=2e-5)
     np.testing.assert_allclose(jnp.transpose(lse, (0, 2, 1)), ref_res, atol=2e-5, rtol=2e-5)
+
+
+def test_backward_fallback_without_bwd_kernel(monkeypatch):
+    """Where a platform has the forward kernel but no backward one, grads come from the reference's VJP."""
+    monkeypatch.setattr(attention, "_bwd_target_available", lambda: False)
+    monkeypatch.setattr(jax_ops._checks, "_warned", set())
+    q, k, v = qkv(2, 9, 11, 4, 2, 8)
+    bias = jax.random.normal(jax.random.key(3), (1, 4, 9, 11))
+
+    def loss(impl):
+        return lambda *a: jnp.sum(
+            jnp.sin(jax_ops.dot_product_attention(*a, is_causal=True, implementation=impl))
+        )
+
+    with pytest.warns(UserWarning, match="backward"):
+        g = jax.grad(loss("ffi"), (0, 1, 2, 3))(q, k, v, bias)
+    g_ref = jax.grad(loss("xla"), (0, 1, 2, 3))(q, k, v, bias)
+    for a, b in zip(g, g_ref):
+        assert rel_l2(a, b) < 1e-6
