@@ -23,8 +23,13 @@ def phantom(n: int) -> np.ndarray:
     """A few ellipses of different densities on an n x n grid."""
     y, x = np.mgrid[-1 : 1 : n * 1j, -1 : 1 : n * 1j]
     img = np.zeros((n, n))
-    for cx, cy, ax, ay, val in [(0, 0, 0.8, 0.9, 1.0), (0, 0, 0.7, 0.8, -0.6), (0.25, 0.1, 0.15, 0.3, 0.4),
-                                (-0.3, -0.2, 0.2, 0.12, 0.5), (0.0, 0.5, 0.1, 0.1, 0.8)]:
+    for cx, cy, ax, ay, val in [
+        (0, 0, 0.8, 0.9, 1.0),
+        (0, 0, 0.7, 0.8, -0.6),
+        (0.25, 0.1, 0.15, 0.3, 0.4),
+        (-0.3, -0.2, 0.2, 0.12, 0.5),
+        (0.0, 0.5, 0.1, 0.1, 0.8),
+    ]:
         img[((x - cx) / ax) ** 2 + ((y - cy) / ay) ** 2 <= 1] += val
     return img
 
@@ -46,8 +51,10 @@ def projection_matrix(n: int, angles: int, detectors: int, samples: int = 2) -> 
         rows.append(ray[ok])
         cols.append((iy * n + ix)[ok])
         vals.append(np.full(ok.sum(), step))
-    a = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                      shape=(angles * detectors, n * n))
+    a = sp.csr_matrix(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+        shape=(angles * detectors, n * n),
+    )
     a.sum_duplicates()
     return a
 
@@ -96,9 +103,13 @@ def main() -> None:
         return np.linalg.norm(a64 @ np.asarray(x, np.float64) - b64) / np.linalg.norm(b64)
 
     print(f"{'':10s} {'istop':>5s} {'itn':>5s} {'time':>9s} {'|x-truth|/|truth|':>18s} {'|Ax-b|/|b|':>11s}")
-    print(f"{'jax_ops':10s} {int(out.istop):5d} {int(out.itn):5d} {t_ours * 1e3:7.1f}ms {err(out.x):18.4f} "
-          f"{res(out.x):11.5f}   (compile {t_compile:.1f}s, {jax.devices()[0].platform})")
-    print(f"{'scipy':10s} {ref[1]:5d} {ref[2]:5d} {t_scipy * 1e3:7.1f}ms {err(ref[0]):18.4f} {res(ref[0]):11.5f}")
+    print(
+        f"{'jax_ops':10s} {int(out.istop):5d} {int(out.itn):5d} {t_ours * 1e3:7.1f}ms {err(out.x):18.4f} "
+        f"{res(out.x):11.5f}   (compile {t_compile:.1f}s, {jax.devices()[0].platform})"
+    )
+    print(
+        f"{'scipy':10s} {ref[1]:5d} {ref[2]:5d} {t_scipy * 1e3:7.1f}ms {err(ref[0]):18.4f} {res(ref[0]):11.5f}"
+    )
     print(f"stop reason: {jax_ops.lsmr_solver.ISTOP_MESSAGES[int(out.istop)]}")
 
 

@@ -1,6 +1,6 @@
 """Runs every jax_ops op on the default device, checks it against the reference, prints timings.
 
-    python examples/quickstart.py
+python examples/quickstart.py
 """
 
 from __future__ import annotations

@@ -151,16 +151,12 @@ class _BCOO(_Spec):
     def mv(self, leaves, V, cp):
         from jax.experimental import sparse
 
-        return sparse.bcoo_dot_general(
-            self._a(leaves), V, dimension_numbers=(((1,), (1,)), ((), ()))
-        ).T
+        return sparse.bcoo_dot_general(self._a(leaves), V, dimension_numbers=(((1,), (1,)), ((), ()))).T
 
     def rmv(self, leaves, U, cp):
         from jax.experimental import sparse
 
-        return sparse.bcoo_dot_general(
-            self._a(leaves), U, dimension_numbers=(((0,), (1,)), ((), ()))
-        ).T
+        return sparse.bcoo_dot_general(self._a(leaves), U, dimension_numbers=(((0,), (1,)), ((), ()))).T
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,7 +313,9 @@ def _as_operator(A, dtype, implementation):
     if hasattr(A, "shape") and hasattr(A, "dtype"):
         if len(A.shape) != 2:
             raise ValueError(f"A must be a 2-D matrix, got shape {tuple(A.shape)}")
-        if not (np.issubdtype(np.dtype(A.dtype), np.floating) or np.issubdtype(np.dtype(A.dtype), np.integer)):
+        if not (
+            np.issubdtype(np.dtype(A.dtype), np.floating) or np.issubdtype(np.dtype(A.dtype), np.integer)
+        ):
             raise TypeError(f"A must be real (float or integer), got dtype {np.dtype(A.dtype)}")
         a = jnp.asarray(A, dtype=dtype)
         return _Dense(int(A.shape[0]), int(A.shape[1])), [a]
@@ -461,7 +459,9 @@ def _step(spec, leaves, cp, normb, st, implementation):
     c_h = jnp.where(active, thetabar * rho / (rhoold * rhobarold), 0).astype(dt)
     c_x = jnp.where(active, zeta / (rho * rhobar), 0).astype(dt)
     c_v = jnp.where(active, thetanew / rho, 0).astype(dt)
-    hbar, x = lsmr_kernels.hbar_x_update(st["h"], st["hbar"], st["x"], c_h, c_x, implementation=_fused(implementation))
+    hbar, x = lsmr_kernels.hbar_x_update(
+        st["h"], st["hbar"], st["x"], c_h, c_x, implementation=_fused(implementation)
+    )
     h = lsmr_kernels.h_update(v, st["h"], c_v, implementation=_fused(implementation))
 
     # Estimate ||r||.
@@ -644,7 +644,9 @@ def _scalar(name, value, dtype):
         return jnp.full((1,), value, dtype), float(value)
     arr = jnp.asarray(value)
     if arr.shape != ():
-        raise ValueError(f"{name} must be a scalar, got shape {arr.shape} (vmap over it for per-column values)")
+        raise ValueError(
+            f"{name} must be a scalar, got shape {arr.shape} (vmap over it for per-column values)"
+        )
     if not jnp.issubdtype(arr.dtype, jnp.floating) and not jnp.issubdtype(arr.dtype, jnp.integer):
         raise TypeError(f"{name} must be a real number, got dtype {arr.dtype}")
     concrete = None if isinstance(arr, jax.core.Tracer) else float(arr)
@@ -698,7 +700,9 @@ def lsmr(
     b = jnp.asarray(b)
     _check_float_dtype("b", b.dtype)
     if b.ndim != 1:
-        raise ValueError(f"b must be a vector [m], got shape {tuple(b.shape)}; use jax.vmap for several right-hand sides")
+        raise ValueError(
+            f"b must be a vector [m], got shape {tuple(b.shape)}; use jax.vmap for several right-hand sides"
+        )
     dtype = np.dtype(b.dtype)
     spec, leaves = _as_operator(A, dtype, implementation)
     m, n = spec.m, spec.n
@@ -708,7 +712,9 @@ def lsmr(
         _checks.check_array("x0", x0)
         x0 = jnp.asarray(x0)
         if x0.shape != (n,):
-            raise ValueError(f"x0 has shape {tuple(x0.shape)} but A has shape ({m}, {n}): x0 must have shape ({n},)")
+            raise ValueError(
+                f"x0 has shape {tuple(x0.shape)} but A has shape ({m}, {n}): x0 must have shape ({n},)"
+            )
         if not jnp.issubdtype(x0.dtype, jnp.floating):
             raise TypeError(f"x0 must be a float array, got dtype {x0.dtype}")
         x0 = x0.astype(dtype)
@@ -723,7 +729,9 @@ def lsmr(
     conlim_a, _ = _scalar("conlim", conlim, dtype)
     if maxiter is None:
         maxiter = min(m, n)
-    if isinstance(maxiter, (bool, np.bool_)) or (isinstance(maxiter, float) and not float(maxiter).is_integer()):
+    if isinstance(maxiter, (bool, np.bool_)) or (
+        isinstance(maxiter, float) and not float(maxiter).is_integer()
+    ):
         raise TypeError(f"maxiter must be an integer, got {maxiter!r}")
     if isinstance(maxiter, (int, np.integer, float)):
         if maxiter < 0:

@@ -45,8 +45,11 @@ from jax_ops import _checks, _ffi
 
 __all__ = ["CSRPair", "RowProfile", "csr_pair", "matmul", "spmm", "spmv", "ALGORITHMS"]
 
-ALGORITHMS = ("vector", "warp", "cta", "split")
-_ALG_CODE = {"vector": 0, "warp": 0, "cta": 1, "split": 2}
+ALGORITHMS = ("vector", "warp", "cta", "split", "stream")
+_ALG_CODE = {"vector": 0, "warp": 0, "cta": 1, "split": 2, "stream": 3}
+# CSR-stream SpMV: products of a block of rows staged in shared memory (must match kStreamCap in spmm_params.h).
+STREAM_CAP = 4096
+_STREAM_ROWS = (8, 256)  # rows per CTA: a power of two in this range
 _VALUE_DTYPES = tuple(np.dtype(d) for d in (np.float16, jnp.bfloat16, np.float32, np.float64))
 _INT32_MAX = 2**31 - 1
 DEFAULT_SPLIT_CHUNK = 1024  # nnz per work unit of a long row
@@ -109,10 +112,18 @@ def _vector_group(avg: float) -> int:
     return int(min(32, max(2, _next_pow2(avg / 2.0))))
 
 
-def choose_algorithm(profile: RowProfile | None, m: int, nnz: int) -> str:
+# Dense operands in this byte range fit the L1 cache of a kernel with no shared-memory stage but not beside the
+# stream kernel's 16 KB stages (8 CTAs/SM take 128 KB of the 256 KB L1/shared), so there the vector kernel's
+# gathers hit L1 and it wins. Measured on the H200 (docs/sparse.md): K = 23394 f32 (94 KB) 116 µs vector vs
+# 148 µs stream; K = 6177 f32 (24 KB) 42 vs 33; K >= 0.9M: stream equal or faster.
+_L1_RESIDENT_X_BYTES = (32 * 1024, 192 * 1024)
+
+
+def choose_algorithm(profile: RowProfile | None, m: int, nnz: int, k: int = 0, itemsize: int = 4) -> str:
     """The dispatch rule (docs/sparse.md): split for power-law/straggler rows, CTA-per-row for long uniform rows,
-    warp-per-row for medium rows, sub-warp vector groups for short rows. Without a profile (traced input) the
-    average row length, which is static, picks vector or warp."""
+    warp-per-row for medium rows; short rows take the stream kernel, unless the dense operand is L1-sized (see
+    _L1_RESIDENT_X_BYTES) or a row is too long to stage (then sub-warp vector groups). Without a profile (traced
+    input) the average row length, which is static, picks vector or warp."""
     avg = nnz / m if m else 0.0
     if profile is None:
         return "warp" if avg >= 48 else "vector"
@@ -123,7 +134,28 @@ def choose_algorithm(profile: RowProfile | None, m: int, nnz: int) -> str:
         return "cta"
     if avg >= 48:
         return "warp"
-    return "vector"
+    x_bytes = k * itemsize
+    if profile.max > STREAM_CAP // 8 or _L1_RESIDENT_X_BYTES[0] < x_bytes <= _L1_RESIDENT_X_BYTES[1]:
+        return "vector"
+    return "stream"
+
+
+def _stream_rows(indptr, m: int, nnz: int) -> int:
+    """Rows per CTA for the stream SpMV: the largest power of two in [8, 256] whose blocks average <= half the
+    shared-memory stage and (when indptr is concrete) never exceed it. Blocks that still overflow (traced input)
+    run the kernel's in-bounds warp-per-row loop."""
+    avg = nnz / m if m else 0.0
+    rows = _STREAM_ROWS[1]
+    while rows > _STREAM_ROWS[0] and rows * max(avg, 1.0) > STREAM_CAP // 2:
+        rows //= 2
+    if _is_concrete(indptr) and m > 0:
+        ip = np.asarray(indptr, np.int64)
+        while rows > _STREAM_ROWS[0]:
+            starts = np.arange(0, m, rows)
+            if int((ip[np.minimum(starts + rows, m)] - ip[starts]).max()) <= STREAM_CAP:
+                break
+            rows //= 2
+    return rows
 
 
 def _group_for(algorithm: str, profile: RowProfile | None, m: int, nnz: int) -> int:
@@ -145,7 +177,9 @@ def _check_sizes(m: int, k: int, nnz: int) -> None:
 
 def _check_value_dtype(name: str, dtype) -> None:
     if np.dtype(dtype) not in _VALUE_DTYPES:
-        raise TypeError(f"{name} must have dtype float16, bfloat16, float32 or float64, got {np.dtype(dtype)}")
+        raise TypeError(
+            f"{name} must have dtype float16, bfloat16, float32 or float64, got {np.dtype(dtype)}"
+        )
 
 
 def _sanitize_indptr(indptr: jax.Array, nnz: int) -> jax.Array:
@@ -254,13 +288,24 @@ def _long_rows_traced(indptr: jax.Array, nnz: int, chunk: int) -> tuple[jax.Arra
 _EMPTY_LONG = (np.zeros((0,), np.int32), np.zeros((1,), np.int32))
 
 
-def _make_plan(indptr, nnz: int, m: int, profile: RowProfile | None, algorithm: str | None,
-               split_chunk: int | None):
+def _make_plan(
+    indptr,
+    nnz: int,
+    m: int,
+    profile: RowProfile | None,
+    algorithm: str | None,
+    split_chunk: int | None,
+    k: int = 0,
+    itemsize: int = 4,
+):
     """(Plan, long_rows, long_ptr). ``indptr`` must already be monotone when the plan is split."""
     if algorithm is not None and algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS} or None, got {algorithm!r}")
-    alg = algorithm or choose_algorithm(profile, m, nnz)
+    alg = algorithm or choose_algorithm(profile, m, nnz, k, itemsize)
     group = _group_for(alg, profile, m, nnz)
+    if alg == "stream":
+        chunk = _stream_rows(indptr, m, nnz)
+        return Plan(alg, group, chunk, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
     if alg != "split":
         return Plan(alg, group, 0, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
     chunk = int(split_chunk or DEFAULT_SPLIT_CHUNK)
@@ -336,7 +381,9 @@ def _core(plan: Plan, implementation: str | None):
         args = (indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr)
         if any(in_batched[i] for i in (0, 1, 2, 7, 8)):
             # A batch of matrices: not a hot path (documented); one kernel call per matrix.
-            full = tuple(a if bt else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, bt in zip(args, in_batched))
+            full = tuple(
+                a if bt else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, bt in zip(args, in_batched)
+            )
             return lax.map(lambda xs: core(*xs), full), True
         v = axis_size
         k, n = b2.shape[-2], b2.shape[-1]
@@ -414,7 +461,9 @@ def _apply_bwd(st, res, g):
     mono = _sanitize_indptr(indptr, indices.shape[0])
     gv = _sampled(mono, indices, ga, b2, st.k).astype(values.dtype)
     # d alpha = sum_rows g * (A b2) (recomputed; dead code under jit when alpha is a constant)
-    ab = _core(st.plan, st.implementation)(indptr, indices, values, b2, ones, ones, empty, long_rows, long_ptr)
+    ab = _core(st.plan, st.implementation)(
+        indptr, indices, values, b2, ones, ones, empty, long_rows, long_ptr
+    )
     galpha = jnp.sum(g.astype(acc) * ab.astype(acc), axis=0)
     if y.size:
         gbeta = jnp.sum(g.astype(acc) * y.astype(acc), axis=0)
@@ -423,8 +472,16 @@ def _apply_bwd(st, res, g):
         gbeta = jnp.zeros_like(beta)
         gy = jnp.zeros_like(y)
     zero_like = lambda t: jax.tree_util.tree_map(lambda x: np.zeros(x.shape, jax.dtypes.float0), t)
-    return (zero_like(a_arrays), zero_like(t_arrays), gv, jnp.zeros_like(t_values), gb.astype(b2.dtype), galpha,
-            gbeta, gy)
+    return (
+        zero_like(a_arrays),
+        zero_like(t_arrays),
+        gv,
+        jnp.zeros_like(t_values),
+        gb.astype(b2.dtype),
+        galpha,
+        gbeta,
+        gy,
+    )
 
 
 _apply.defvjp(_apply_fwd, _apply_bwd)
@@ -448,11 +505,15 @@ def _dense(name: str, x, rows: int, dtype, *, what: str) -> tuple[jax.Array, boo
     """x as [rows, N] and whether it was a vector. Raises naming ``name``."""
     _checks.check_array(name, x)
     if x.ndim not in (1, 2):
-        raise ValueError(f"{name} must be a vector [{rows}] or a matrix [{rows}, N], got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must be a vector [{rows}] or a matrix [{rows}, N], got shape {tuple(x.shape)}"
+        )
     if x.shape[0] != rows:
         raise ValueError(f"{name} has shape {tuple(x.shape)} but {what} needs {rows} rows")
     if np.dtype(x.dtype) != np.dtype(dtype):
-        raise TypeError(f"{name} has dtype {np.dtype(x.dtype)} but the sparse matrix has dtype {np.dtype(dtype)}")
+        raise TypeError(
+            f"{name} has dtype {np.dtype(x.dtype)} but the sparse matrix has dtype {np.dtype(dtype)}"
+        )
     x = jnp.asarray(x)
     return (x[:, None], True) if x.ndim == 1 else (x, False)
 
@@ -507,10 +568,29 @@ class CSRPair:
         concrete = _is_concrete(indptr, indptr_t)
         prof = RowProfile.from_indptr(np.asarray(indptr)) if concrete else None
         prof_t = RowProfile.from_indptr(np.asarray(indptr_t)) if concrete else None
-        plan, lr, lp = _make_plan(indptr, nnz, m, prof, algorithm, split_chunk)
-        plan_t, lr_t, lp_t = _make_plan(indptr_t, nnz, k, prof_t, transpose_algorithm, split_chunk)
-        return cls(indptr, indices, values, lr, lp, indptr_t, indices_t, values_t, lr_t, lp_t, (m, k), plan, plan_t,
-                   prof, prof_t, implementation)
+        itemsize = np.dtype(values.dtype).itemsize
+        plan, lr, lp = _make_plan(indptr, nnz, m, prof, algorithm, split_chunk, k, itemsize)
+        plan_t, lr_t, lp_t = _make_plan(
+            indptr_t, nnz, k, prof_t, transpose_algorithm, split_chunk, m, itemsize
+        )
+        return cls(
+            indptr,
+            indices,
+            values,
+            lr,
+            lp,
+            indptr_t,
+            indices_t,
+            values_t,
+            lr_t,
+            lp_t,
+            (m, k),
+            plan,
+            plan_t,
+            prof,
+            prof_t,
+            implementation,
+        )
 
     # -- properties
     @property
@@ -523,9 +603,24 @@ class CSRPair:
 
     @property
     def T(self) -> CSRPair:  # noqa: N802
-        return CSRPair(self.indptr_t, self.indices_t, self.values_t, self.long_rows_t, self.long_ptr_t, self.indptr,
-                       self.indices, self.values, self.long_rows, self.long_ptr, (self.shape[1], self.shape[0]),
-                       self.plan_t, self.plan, self.profile_t, self.profile, self.implementation)
+        return CSRPair(
+            self.indptr_t,
+            self.indices_t,
+            self.values_t,
+            self.long_rows_t,
+            self.long_ptr_t,
+            self.indptr,
+            self.indices,
+            self.values,
+            self.long_rows,
+            self.long_ptr,
+            (self.shape[1], self.shape[0]),
+            self.plan_t,
+            self.plan,
+            self.profile_t,
+            self.profile,
+            self.implementation,
+        )
 
     # -- products
     def _product(self, transpose: bool, b, alpha, beta, y, name: str):
@@ -542,7 +637,9 @@ class CSRPair:
         else:
             y2, _ = _dense("y", y, m, self.dtype, what="the output")
             if tuple(y2.shape) != (m, n):
-                raise ValueError(f"y must have the output's shape {(m,) if vec else (m, n)}, got {tuple(y.shape)}")
+                raise ValueError(
+                    f"y must have the output's shape {(m,) if vec else (m, n)}, got {tuple(y.shape)}"
+                )
         alpha_a = _coef("alpha", alpha, n, acc, 1.0)
         beta_a = _coef("beta", beta, n, acc, 1.0)
         a_arr = (self.indptr, self.indices, self.long_rows, self.long_ptr)
@@ -584,15 +681,31 @@ class CSRPair:
 
     def todense(self) -> jax.Array:
         m, k = self.shape
-        return _xla_spmm(self.indptr, self.indices, self.values, jnp.eye(k, dtype=self.dtype),
-                         jnp.ones((k,), _acc_dtype(self.dtype)), jnp.ones((k,), _acc_dtype(self.dtype)),
-                         jnp.zeros((0,), self.dtype))
+        return _xla_spmm(
+            self.indptr,
+            self.indices,
+            self.values,
+            jnp.eye(k, dtype=self.dtype),
+            jnp.ones((k,), _acc_dtype(self.dtype)),
+            jnp.ones((k,), _acc_dtype(self.dtype)),
+            jnp.zeros((0,), self.dtype),
+        )
 
 
 jax.tree_util.register_dataclass(
     CSRPair,
-    data_fields=["indptr", "indices", "values", "long_rows", "long_ptr", "indptr_t", "indices_t", "values_t",
-                 "long_rows_t", "long_ptr_t"],
+    data_fields=[
+        "indptr",
+        "indices",
+        "values",
+        "long_rows",
+        "long_ptr",
+        "indptr_t",
+        "indices_t",
+        "values_t",
+        "long_rows_t",
+        "long_ptr_t",
+    ],
     meta_fields=["shape", "plan", "plan_t", "profile", "profile_t", "implementation"],
 )
 
@@ -606,8 +719,13 @@ def csr_pair(A, **kwargs) -> CSRPair:
 def _matmul_sparse_dense(A, B, *, algorithm, split_chunk, implementation, name):
     if isinstance(A, CSRPair):
         if algorithm is not None or split_chunk is not None:  # testing: rebuild with the forced plan
-            A = CSRPair.from_matrix(_pair_as_bcsr(A), algorithm=algorithm, transpose_algorithm=algorithm,
-                                    split_chunk=split_chunk, implementation=A.implementation)
+            A = CSRPair.from_matrix(
+                _pair_as_bcsr(A),
+                algorithm=algorithm,
+                transpose_algorithm=algorithm,
+                split_chunk=split_chunk,
+                implementation=A.implementation,
+            )
         if implementation is not None:
             A = dataclasses.replace(A, implementation=implementation)
         return A.matmat(B) if getattr(B, "ndim", 1) == 2 else A.matvec(B)
@@ -622,8 +740,17 @@ def _matmul_sparse_dense(A, B, *, algorithm, split_chunk, implementation, name):
     ones = jnp.ones((n,), acc)
     st = _Static(m, k, plan, None, implementation)
     empty_t = (jnp.zeros((0,), jnp.int32),) * 4
-    out = _apply(st, (indptr, indices, lr, lp), empty_t, values, jnp.zeros((0,), values.dtype), b2, ones, ones,
-                 jnp.zeros((0,), values.dtype))
+    out = _apply(
+        st,
+        (indptr, indices, lr, lp),
+        empty_t,
+        values,
+        jnp.zeros((0,), values.dtype),
+        b2,
+        ones,
+        ones,
+        jnp.zeros((0,), values.dtype),
+    )
     return out[:, 0] if vec else out
 
 
@@ -640,14 +767,15 @@ def _is_sparse(x) -> bool:
     return type(x).__name__ in ("BCSR", "BCOO") or mod.startswith("scipy.sparse")
 
 
-def matmul(A, B, *, algorithm: str | None = None, split_chunk: int | None = None,
-           implementation: str | None = None) -> jax.Array:
+def matmul(
+    A, B, *, algorithm: str | None = None, split_chunk: int | None = None, implementation: str | None = None
+) -> jax.Array:
     """``A @ B`` for sparse A (BCSR, BCOO, scipy.sparse or CSRPair) and dense B ``[K]``/``[K, N]``, or
     ``B @ A`` for dense B ``[M]``/``[N, M]`` (computed as ``(Aᵀ Bᵀ)ᵀ``; cheap for a CSRPair, a transpose build
     otherwise).
 
     Args:
-      algorithm: force "vector", "warp", "cta" or "split" (testing); None uses the row profile of a CSRPair
+      algorithm: force "vector", "warp", "cta", "split" or "stream" (testing); None uses the row profile of a CSRPair
         or, for BCSR/BCOO, the static average row length (vector or warp).
       split_chunk: nnz per work unit of the split algorithm.
       implementation: None/"ffi" (the kernel) or "xla" (the jnp reference).
@@ -656,8 +784,9 @@ def matmul(A, B, *, algorithm: str | None = None, split_chunk: int | None = None
     if algorithm is not None and algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS} or None, got {algorithm!r}")
     if _is_sparse(A):
-        return _matmul_sparse_dense(A, B, algorithm=algorithm, split_chunk=split_chunk,
-                                    implementation=implementation, name="B")
+        return _matmul_sparse_dense(
+            A, B, algorithm=algorithm, split_chunk=split_chunk, implementation=implementation, name="B"
+        )
     if _is_sparse(B):
         pair = B if isinstance(B, CSRPair) else CSRPair.from_matrix(B, implementation=implementation)
         if implementation is not None:
@@ -671,8 +800,9 @@ def matmul(A, B, *, algorithm: str | None = None, split_chunk: int | None = None
     raise TypeError(f"matmul needs one sparse operand, got {type(A).__name__} and {type(B).__name__}")
 
 
-def spmv(A, x, *, algorithm: str | None = None, split_chunk: int | None = None,
-         implementation: str | None = None) -> jax.Array:
+def spmv(
+    A, x, *, algorithm: str | None = None, split_chunk: int | None = None, implementation: str | None = None
+) -> jax.Array:
     """``A @ x`` for x ``[K]`` (see :func:`matmul`)."""
     _checks.check_array("x", x)
     if x.ndim != 1:
@@ -680,8 +810,9 @@ def spmv(A, x, *, algorithm: str | None = None, split_chunk: int | None = None,
     return matmul(A, x, algorithm=algorithm, split_chunk=split_chunk, implementation=implementation)
 
 
-def spmm(A, B, *, algorithm: str | None = None, split_chunk: int | None = None,
-         implementation: str | None = None) -> jax.Array:
+def spmm(
+    A, B, *, algorithm: str | None = None, split_chunk: int | None = None, implementation: str | None = None
+) -> jax.Array:
     """``A @ B`` for B ``[K, N]`` (see :func:`matmul`)."""
     _checks.check_array("B", B)
     if B.ndim != 2:
@@ -693,4 +824,3 @@ def profile_of(A) -> RowProfile:
     """Row profile of a concrete matrix (host-side)."""
     indptr, _, _, _, _, _ = _as_csr(A)
     return RowProfile.from_indptr(np.asarray(indptr))
-

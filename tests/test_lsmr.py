@@ -475,7 +475,9 @@ def test_grad_sparse_values_and_vmap(x64):
     g = jax.grad(loss_values)(bcoo.data)
     g_dense = jax.grad(lambda a: jnp.sum(_ref_solution(a, b) ** 2))(dense)
     idx = np.asarray(bcoo.indices)
-    np.testing.assert_allclose(np.asarray(g), np.asarray(g_dense)[idx[:, 0], idx[:, 1]], rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(
+        np.asarray(g), np.asarray(g_dense)[idx[:, 0], idx[:, 1]], rtol=1e-8, atol=1e-10
+    )
 
     bs = jnp.asarray(rng.standard_normal((4, 60)))
     gv = jax.vmap(jax.grad(lambda b: jnp.sum(jnp.cos(jax_ops.lsmr(bcoo, b, **TIGHT).x))))(bs)

@@ -50,8 +50,9 @@ def x64():
         jax.config.update("jax_enable_x64", old)
 
 
-@pytest.mark.parametrize("m,n,kw", [(2000, 400, {}), (2000, 400, dict(damp=0.5)), (400, 2000, {}),
-                                    (2000, 400, dict(maxiter=7))])
+@pytest.mark.parametrize(
+    "m,n,kw", [(2000, 400, {}), (2000, 400, dict(damp=0.5)), (400, 2000, {}), (2000, 400, dict(maxiter=7))]
+)
 def test_gpu_float64_matches_cpu_and_scipy(x64, m, n, kw):
     a = _gen(m, n)
     b = np.random.default_rng(2).standard_normal(m)
@@ -85,7 +86,9 @@ def test_gpu_vmap_block_matches_single():
 
     dev = jax.devices("cuda")[0]
     op = jax.device_put(sparse.BCOO.from_scipy_sparse(a), dev)
-    bs = jax.device_put(jnp.asarray(np.random.default_rng(4).standard_normal((16, 20000)).astype(np.float32)), dev)
+    bs = jax.device_put(
+        jnp.asarray(np.random.default_rng(4).standard_normal((16, 20000)).astype(np.float32)), dev
+    )
     out = jax.jit(jax.vmap(lambda b: jax_ops.lsmr(op, b)))(bs)
     for i in (0, 7, 15):
         one = jax_ops.lsmr(op, bs[i])

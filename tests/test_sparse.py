@@ -45,9 +45,14 @@ def _bcsr(a, dtype):
 
 def _dense_of(bcsr):
     """float64 dense matrix of what the jax values are (after rounding to their dtype)."""
-    data = np.asarray(bcsr.data.astype(jnp.float32), np.float64) if bcsr.data.dtype != np.float64 else np.asarray(
-        bcsr.data)
-    return sp.csr_matrix((data, np.asarray(bcsr.indices), np.asarray(bcsr.indptr)), shape=bcsr.shape).toarray()
+    data = (
+        np.asarray(bcsr.data.astype(jnp.float32), np.float64)
+        if bcsr.data.dtype != np.float64
+        else np.asarray(bcsr.data)
+    )
+    return sp.csr_matrix(
+        (data, np.asarray(bcsr.indices), np.asarray(bcsr.indptr)), shape=bcsr.shape
+    ).toarray()
 
 
 def _rand(shape, dtype, seed=1):
@@ -76,8 +81,9 @@ def test_bcsr_matches_reference(dtype, n):
 @pytest.mark.parametrize("n", [None, 4, 16])
 def test_pair_every_algorithm(dtype, algorithm, n):
     a = _random_csr(64, 48, 0.15, dtype, long_row=5)
-    pair = sparse.CSRPair.from_matrix(_bcsr(a, dtype), algorithm=algorithm, transpose_algorithm=algorithm,
-                                      split_chunk=4)
+    pair = sparse.CSRPair.from_matrix(
+        _bcsr(a, dtype), algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=4
+    )
     assert pair.plan.algorithm == algorithm and pair.plan_t.algorithm == algorithm
     if algorithm == "split":
         assert pair.plan.units > 0 and pair.long_rows.shape[0] > 0
@@ -106,9 +112,10 @@ def test_float64_every_algorithm(x64, algorithm):
 
 
 def test_profile_dispatch_rules():
-    # short uniform rows -> vector; power-law -> split; long uniform rows -> cta
+    # short uniform rows -> stream; power-law -> split; long uniform rows -> cta
     short = sparse.csr_pair(_bcsr(_random_csr(200, 200, 0.02, np.float32), np.float32))
-    assert short.plan.algorithm == "vector" and 2 <= short.plan.group <= 32
+    assert short.plan.algorithm == "stream" and 2 <= short.plan.group <= 32
+    assert short.plan.chunk in (8, 16, 32, 64, 128, 256)
     m = 3000
     lens = np.ones(m, np.int64)
     lens[7] = 2999
@@ -142,7 +149,9 @@ def test_edge_shapes(algorithm):
     r = _random_csr(30, 40, 0.0, np.float32, long_row=11)
     xr = _rand((40, 2), np.float32)
     assert _rel(sparse.matmul(_bcsr(r, np.float32), xr, **kw), r.toarray() @ _f64(xr)) < 1e-5
-    pair = sparse.csr_pair(_bcsr(r, np.float32), algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=2)
+    pair = sparse.csr_pair(
+        _bcsr(r, np.float32), algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=2
+    )
     u = _rand((30,), np.float32)
     assert _rel(pair.rmatvec(u), r.toarray().T @ _f64(u)) < 1e-5
 
@@ -257,8 +266,9 @@ def test_grads_match_dense(x64, algorithm):
         rv, rx = jax.grad(dense_loss, argnums=(0, 1))(A.data, x)
         np.testing.assert_allclose(gv, rv, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(gx, rx, rtol=1e-10, atol=1e-12)
-        jax.test_util.check_grads(lambda v, x: _loss_sparse(v, x, A, algorithm), (A.data, x), order=1,
-                                  modes=("rev",))
+        jax.test_util.check_grads(
+            lambda v, x: _loss_sparse(v, x, A, algorithm), (A.data, x), order=1, modes=("rev",)
+        )
 
 
 def test_pair_grads_and_axpby_grads(x64):
@@ -311,7 +321,9 @@ def _count_spmm_calls(jaxpr_text):
 @pytest.mark.parametrize("algorithm", [None, "split"])
 def test_vmap_folds_into_spmm(algorithm):
     a = _random_csr(50, 40, 0.1, np.float32, long_row=2)
-    pair = sparse.csr_pair(_bcsr(a, np.float32), algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=4)
+    pair = sparse.csr_pair(
+        _bcsr(a, np.float32), algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=4
+    )
     d = a.toarray().astype(np.float64)
     X = _rand((6, 40), np.float32)
     U = _rand((6, 50), np.float32, seed=4)
@@ -357,7 +369,9 @@ def test_shard_map_spmm_over_columns():
     pair = sparse.csr_pair(_bcsr(a, np.float32))
     mesh = Mesh(np.array(devices[:8]), ("x",))
     B = _rand((48, 32), np.float32)
-    f = jax.shard_map(lambda p, b: p.matmat(b), mesh=mesh, in_specs=(P(), P(None, "x")), out_specs=P(None, "x"))
+    f = jax.shard_map(
+        lambda p, b: p.matmat(b), mesh=mesh, in_specs=(P(), P(None, "x")), out_specs=P(None, "x")
+    )
     out = jax.jit(f)(pair, B)
     assert _rel(out, a.toarray().astype(np.float64) @ _f64(B)) < 1e-5
 

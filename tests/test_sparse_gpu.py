@@ -52,21 +52,30 @@ def _uniform(m, k, per_row, seed=0):
 def _bcsr(a, dtype, device):
     a = a.tocsr()
     put = lambda x: jax.device_put(x, device)
-    return jsparse.BCSR((put(jnp.asarray(a.data, dtype)), put(jnp.asarray(a.indices, jnp.int32)),
-                         put(jnp.asarray(a.indptr, jnp.int32))), shape=a.shape)
+    return jsparse.BCSR(
+        (
+            put(jnp.asarray(a.data, dtype)),
+            put(jnp.asarray(a.indices, jnp.int32)),
+            put(jnp.asarray(a.indptr, jnp.int32)),
+        ),
+        shape=a.shape,
+    )
 
 
 def _rounded(a, dtype):
     """float64 matrix of a's values rounded to dtype."""
     a = a.tocsr().copy()
-    a.data = np.asarray(jnp.asarray(a.data, dtype).astype(jnp.float32) if dtype != np.float64 else a.data,
-                        np.float64)
+    a.data = np.asarray(
+        jnp.asarray(a.data, dtype).astype(jnp.float32) if dtype != np.float64 else a.data, np.float64
+    )
     return a
 
 
 def _dense_in(shape, dtype, device, seed=1):
     x = jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
-    return jax.device_put(x, device), np.asarray(x.astype(jnp.float32) if dtype != np.float64 else x, np.float64)
+    return jax.device_put(x, device), np.asarray(
+        x.astype(jnp.float32) if dtype != np.float64 else x, np.float64
+    )
 
 
 def _check_both(a, dtype, algorithm, n, split_chunk=None):
@@ -123,12 +132,16 @@ def test_small_poisoned_aliased_output():
     # failed to write would keep y's value instead of the fused result: the reference check catches it.
     a = _power_law(3000, 2000, seed=6, max_len=3000)
     for alg in sparse.ALGORITHMS:
-        pair = sparse.csr_pair(_bcsr(a, np.float32, _gpu()), algorithm=alg, transpose_algorithm=alg, split_chunk=256)
+        pair = sparse.csr_pair(
+            _bcsr(a, np.float32, _gpu()), algorithm=alg, transpose_algorithm=alg, split_chunk=256
+        )
         for n in (None, 16):
             x, x64 = _dense_in((2000,) if n is None else (2000, n), np.float32, _gpu())
             y, y64 = _dense_in((3000,) if n is None else (3000, n), np.float32, _gpu(), seed=9)
-            f = jax.jit(lambda p, x, y: p.matvec(x, beta=-0.5, y=y) if x.ndim == 1 else p.matmat(x, beta=-0.5, y=y),
-                        donate_argnums=(2,))
+            f = jax.jit(
+                lambda p, x, y: p.matvec(x, beta=-0.5, y=y) if x.ndim == 1 else p.matmat(x, beta=-0.5, y=y),
+                donate_argnums=(2,),
+            )
             out = f(pair, x, y)
             assert _rel(out, a @ x64 - 0.5 * y64) < 1e-5, alg
             # NaN in a column of B that no entry references must not leak; NaN where referenced must show up

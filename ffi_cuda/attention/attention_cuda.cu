@@ -14,20 +14,26 @@ namespace {
 template <typename T>
 cudaError_t LaunchForHeadDim(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr) {
   switch (p.head_dim) {
-    case 32: return LaunchAttentionFwd<T, 32>(stream, p, ptr);
-    case 64: return LaunchAttentionFwd<T, 64>(stream, p, ptr);
-    case 96: return LaunchAttentionFwd<T, 96>(stream, p, ptr);
-    case 128: return LaunchAttentionFwd<T, 128>(stream, p, ptr);
-    case 256: return LaunchAttentionFwd<T, 256>(stream, p, ptr);
-    default: return cudaErrorInvalidValue;  // unreachable: checked by the handler
+    case 32:
+      return LaunchAttentionFwd<T, 32>(stream, p, ptr);
+    case 64:
+      return LaunchAttentionFwd<T, 64>(stream, p, ptr);
+    case 96:
+      return LaunchAttentionFwd<T, 96>(stream, p, ptr);
+    case 128:
+      return LaunchAttentionFwd<T, 128>(stream, p, ptr);
+    case 256:
+      return LaunchAttentionFwd<T, 256>(stream, p, ptr);
+    default:
+      return cudaErrorInvalidValue;  // unreachable: checked by the handler
   }
 }
 
 ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                            ffi::AnyBuffer bias, ffi::AnyBuffer mask, ffi::AnyBuffer q_seqlen,
-                            ffi::AnyBuffer kv_seqlen, float scale, bool is_causal, int64_t window_left,
-                            int64_t window_right, bool has_bias, bool has_mask, bool has_q_seqlen,
-                            bool has_kv_seqlen, ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse) {
+                            ffi::AnyBuffer bias, ffi::AnyBuffer mask, ffi::AnyBuffer q_seqlen, ffi::AnyBuffer kv_seqlen,
+                            float scale, bool is_causal, int64_t window_left, int64_t window_right, bool has_bias,
+                            bool has_mask, bool has_q_seqlen, bool has_kv_seqlen, ffi::Result<ffi::AnyBuffer> o,
+                            ffi::Result<ffi::AnyBuffer> lse) {
   auto params = CheckAttentionArgs(q, k, v, bias, mask, q_seqlen, kv_seqlen, scale, is_causal, window_left,
                                    window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen);
   if (params.has_error()) return params.error();
@@ -36,9 +42,9 @@ ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
   const int64_t hd = p.head_dim;
   JAX_OPS_CHECK_ARG(hd == 32 || hd == 64 || hd == 96 || hd == 128 || hd == 256,
                     "the CUDA attention kernel supports head dims 32, 64, 96, 128, 256; got " << hd);
-  JAX_OPS_CHECK_ARG(p.num_heads <= 65535 && p.batch <= 65535,
-                    "the CUDA attention kernel supports up to 65535 heads and batches; got N=" << p.num_heads
-                                                                                              << " B=" << p.batch);
+  JAX_OPS_CHECK_ARG(
+      p.num_heads <= 65535 && p.batch <= 65535,
+      "the CUDA attention kernel supports up to 65535 heads and batches; got N=" << p.num_heads << " B=" << p.batch);
   FwdPointers ptr{q.untyped_data(),
                   k.untyped_data(),
                   v.untyped_data(),

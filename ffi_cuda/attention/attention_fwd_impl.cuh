@@ -26,8 +26,8 @@ struct FwdTraits {
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kBlockM = 16 * kWarps;
   static constexpr int kBlockN = kHeadDim <= 128 ? 64 : 32;
-  static constexpr int kChunks = kHeadDim / 8;                  // 16-byte chunks of a head row
-  static constexpr int kPitch = (kHeadDim + 63) / 64 * 64;      // smem row pitch (elements): whole 8-chunk groups
+  static constexpr int kChunks = kHeadDim / 8;              // 16-byte chunks of a head row
+  static constexpr int kPitch = (kHeadDim + 63) / 64 * 64;  // smem row pitch (elements): whole 8-chunk groups
   static constexpr bool kQInRegs = kHeadDim <= 128;
   static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * kPitch * 2;
 };
@@ -46,8 +46,7 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
 }
 
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem),
-               "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)), "l"(gmem), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -333,8 +332,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 2)
       const uint32_t packed = Mma<T>::Pack(acc_o[dt][2 * i] * inv, acc_o[dt][2 * i + 1] * inv);
       *reinterpret_cast<uint32_t*>(orow + dt * 8 + (lane & 3) * 2) = packed;
     }
-    if ((lane & 3) == 0)
-      ptr.lse[p.LseOffset(b, n, t)] = l > 0.f ? (row_max[i] + log2f(l)) / kLog2e : -INFINITY;
+    if ((lane & 3) == 0) ptr.lse[p.LseOffset(b, n, t)] = l > 0.f ? (row_max[i] + log2f(l)) / kLog2e : -INFINITY;
   }
 }
 
@@ -349,8 +347,7 @@ cudaError_t LaunchAttentionFwd(cudaStream_t stream, const AttentionParams& p, co
   if (attr_status != cudaSuccess) return attr_status;
   const int64_t m_blocks = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   if (m_blocks > 0x7fffffff || p.num_heads > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;
-  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_heads),
-                  static_cast<unsigned>(p.batch));
+  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch));
   AttentionFwdKernel<T, kHeadDim><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, ptr);
   return cudaGetLastError();
 }

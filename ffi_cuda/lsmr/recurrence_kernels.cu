@@ -96,9 +96,8 @@ __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NO
 // Grid: x covers a row with at most blocks_per_sm * sm_count blocks in all (0: no cap, one step per thread),
 // y walks the rows.
 template <typename Update, int kUnroll, typename T>
-cudaError_t LaunchRowwiseWith(cudaStream_t stream,
-                              const RowwiseArgs<T, Update::kIn, Update::kOut, Update::kCoef>& args, int sm_count,
-                              int blocks_per_sm) {
+cudaError_t LaunchRowwiseWith(cudaStream_t stream, const RowwiseArgs<T, Update::kIn, Update::kOut, Update::kCoef>& args,
+                              int sm_count, int blocks_per_sm) {
   if (args.rows == 0 || args.n == 0) return cudaSuccess;
   constexpr int64_t kElemsPerBlockStep = int64_t{kThreads} * (16 / sizeof(T)) * kUnroll;
   const int64_t per_row_blocks = (args.n + kElemsPerBlockStep - 1) / kElemsPerBlockStep;

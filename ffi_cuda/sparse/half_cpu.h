@@ -45,9 +45,9 @@ inline uint16_t FloatToHalf(float f) {
   const uint32_t u = FloatToBits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;          // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;         // rounds to >= 65520: inf
-  if (abs < 0x38800000u) {                               // below the smallest normal (2^-14): subnormal or 0
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: inf
+  if (abs < 0x38800000u) {                        // below the smallest normal (2^-14): subnormal or 0
     // value * 2^24 rounded to nearest even, as an integer mantissa.
     const float scaled = BitsToFloat(abs) * 16777216.0f;
     float r = static_cast<float>(static_cast<int32_t>(scaled));

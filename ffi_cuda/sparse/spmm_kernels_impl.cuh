@@ -36,16 +36,26 @@ __device__ __forceinline__ float ToAcc(__nv_bfloat16 v) { return __bfloat162floa
 template <typename T>
 __device__ __forceinline__ T FromAcc(float v);
 template <>
-__device__ __forceinline__ float FromAcc<float>(float v) { return v; }
+__device__ __forceinline__ float FromAcc<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __half FromAcc<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half FromAcc<__half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 FromAcc<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 FromAcc<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <typename T>
-__device__ __forceinline__ T FromAcc(double v) { return v; }
+__device__ __forceinline__ T FromAcc(double v) {
+  return v;
+}
 
 template <typename T>
-__device__ __forceinline__ T Ld(const T* p) { return __ldg(p); }
+__device__ __forceinline__ T Ld(const T* p) {
+  return __ldg(p);
+}
 
 template <int G>
 __device__ __forceinline__ unsigned GroupMask() {
@@ -92,7 +102,10 @@ __device__ __forceinline__ bool ItemRange(const SpmmArgs<T, Acc>& a, int64_t idx
   int64_t lo = 0, hi = a.num_long;  // answer in [0, num_long)
   while (hi - lo > 1) {
     const int64_t mid = (lo + hi) / 2;
-    if (__ldg(a.long_ptr + mid) <= idx) lo = mid; else hi = mid;
+    if (__ldg(a.long_ptr + mid) <= idx)
+      lo = mid;
+    else
+      hi = mid;
   }
   const int64_t first = __ldg(a.long_ptr + lo);
   if (idx < first) return false;
@@ -140,8 +153,10 @@ __global__ void __launch_bounds__(kThreads) SpmvGroupKernel(SpmmArgs<T, Acc> a, 
     }
     const Acc acc = GroupSum<G>(acc0 + acc1, mask);
     if (lane == 0) {
-      if (unit_mode) a.ws[item] = acc;
-      else StoreOut(a, r, 0, acc);
+      if (unit_mode)
+        a.ws[item] = acc;
+      else
+        StoreOut(a, r, 0, acc);
     }
   }
 }
@@ -168,6 +183,69 @@ __global__ void __launch_bounds__(kThreads) SpmvCtaKernel(SpmmArgs<T, Acc> a) {
     }
     __syncthreads();
   }
+}
+
+// CSR-stream SpMV (N == 1): the CTA's rows [r0, r0 + R) own a contiguous nnz range; all 256 threads stream
+// it with coalesced loads (4 independent products in flight per thread) into shared memory, then L = 256 / R
+// lanes reduce each row from there. Short rows get full-width memory transactions instead of a few lanes each.
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kThreads) SpmvStreamKernel(SpmmArgs<T, Acc> a) {
+  __shared__ Acc prod[kStreamCap];
+  const int64_t rows_per_block = a.chunk;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rows_per_block;
+  const int64_t r1 = min(r0 + rows_per_block, a.m);
+  const int64_t p0 = min(max(static_cast<int64_t>(__ldg(a.indptr + r0)), int64_t{0}), a.nnz);
+  const int64_t p1 = min(max(static_cast<int64_t>(__ldg(a.indptr + r1)), p0), a.nnz);
+  const uint32_t k = static_cast<uint32_t>(a.k);
+  const int lanes = static_cast<int>(kThreads / rows_per_block);  // 1..32, a power of two
+  if (p1 - p0 > kStreamCap) {
+    // More nnz than the plan promised (traced or invalid indptr): one warp per row, still in bounds.
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int64_t r = r0 + warp; r < r1; r += kThreads / 32) {
+      int64_t s, e;
+      RowRange(a, r, &s, &e);
+      Acc acc = 0;
+      for (int64_t p = s + lane; p < e; p += 32) {
+        const int c = __ldg(a.indices + p);
+        if (static_cast<uint32_t>(c) < k) acc += ToAcc(Ld(a.values + p)) * ToAcc(Ld(a.b + c));
+      }
+      acc = GroupSum<32>(acc, 0xffffffffu);
+      if (lane == 0) StoreOut(a, r, 0, acc);
+    }
+    return;
+  }
+  const int count = static_cast<int>(p1 - p0);
+  constexpr int kIlp = 4;
+  for (int base = threadIdx.x; base < count; base += kThreads * kIlp) {
+    int c[kIlp];
+    Acc v[kIlp];
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) {
+      const int i = base + u * kThreads;
+      c[u] = i < count ? __ldg(a.indices + p0 + i) : -1;
+      v[u] = i < count ? ToAcc(Ld(a.values + p0 + i)) : Acc(0);
+    }
+#pragma unroll
+    for (int u = 0; u < kIlp; ++u) {
+      const int i = base + u * kThreads;
+      if (i < count) prod[i] = static_cast<uint32_t>(c[u]) < k ? v[u] * ToAcc(Ld(a.b + c[u])) : Acc(0);
+    }
+  }
+  __syncthreads();
+  const int64_t r = r0 + threadIdx.x / lanes;
+  const int lane = threadIdx.x & (lanes - 1);
+  Acc acc = 0;
+  if (r < r1) {
+    int64_t s, e;
+    RowRange(a, r, &s, &e);
+    // Clamp to the staged range (a non-monotone indptr could point outside it).
+    s = max(s, p0) - p0;
+    e = min(max(e, p0), p1) - p0;
+    for (int64_t i = s + lane; i < e; i += lanes) acc += prod[i];
+  }
+  // Reduce within each row's lanes (all 32 lanes of the warp take part: rows tile the warp evenly).
+  for (int off = lanes / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (r < r1 && lane == 0) StoreOut(a, r, 0, acc);
 }
 
 // VEC adjacent elements of a row of B (16-byte load when VEC > 1; the caller guarantees alignment).
@@ -217,8 +295,10 @@ __global__ void __launch_bounds__(kThreads) SpmmGroupKernel(SpmmArgs<T, Acc> a, 
       Acc v = 0;
       if (p < e) {
         c = __ldg(a.indices + p);
-        if (static_cast<uint32_t>(c) < k) v = ToAcc(Ld(a.values + p));
-        else c = -1;
+        if (static_cast<uint32_t>(c) < k)
+          v = ToAcc(Ld(a.values + p));
+        else
+          c = -1;
       }
       const int cnt = static_cast<int>(min(int64_t{G}, e - base));
       if (cnt == G) {
@@ -275,11 +355,16 @@ template <typename F>
 cudaError_t WithGroup(int g, F&& f) {
   switch (g) {
     case 1:
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    case 8: return f(std::integral_constant<int, 8>{});
-    case 16: return f(std::integral_constant<int, 16>{});
-    default: return f(std::integral_constant<int, 32>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 8:
+      return f(std::integral_constant<int, 8>{});
+    case 16:
+      return f(std::integral_constant<int, 16>{});
+    default:
+      return f(std::integral_constant<int, 32>{});
   }
 }
 
@@ -296,12 +381,17 @@ cudaError_t LaunchCsrSpmm(cudaStream_t stream, const SpmmArgs<T, Acc>& a, bool v
   if (a.m == 0 || a.n == 0) return cudaSuccess;
   const int64_t max_blocks = std::max<int64_t>(1, int64_t{sm_count} * 64);
   auto blocks_for = [&](int64_t threads) {
-    return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(max_blocks, (threads + kThreads - 1) / kThreads)));
+    return static_cast<unsigned>(
+        std::max<int64_t>(1, std::min<int64_t>(max_blocks, (threads + kThreads - 1) / kThreads)));
   };
   const bool split = a.algorithm == kSplit && a.num_long > 0 && a.units > 0;
   cudaError_t err = cudaSuccess;
   if (a.n == 1) {
-    if (a.algorithm == kCta) {
+    if (a.algorithm == kStream) {
+      const int64_t blocks = (a.m + a.chunk - 1) / a.chunk;
+      if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+      SpmvStreamKernel<T, Acc><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a);
+    } else if (a.algorithm == kCta) {
       SpmvCtaKernel<T, Acc><<<static_cast<unsigned>(std::min<int64_t>(a.m, max_blocks)), kThreads, 0, stream>>>(a);
     } else {
       err = WithGroup(a.group, [&](auto g) {
@@ -322,7 +412,8 @@ cudaError_t LaunchCsrSpmm(cudaStream_t stream, const SpmmArgs<T, Acc>& a, bool v
       const int64_t tiles_v = (a.n + int64_t{G} * kVec16 - 1) / (int64_t{G} * kVec16);
       if (vec16) {
         SpmmGroupKernel<T, Acc, G, kVec16><<<blocks_for(a.m * tiles_v * G), kThreads, 0, stream>>>(a, false);
-        if (split) SpmmGroupKernel<T, Acc, G, kVec16><<<blocks_for(a.units * tiles_v * G), kThreads, 0, stream>>>(a, true);
+        if (split)
+          SpmmGroupKernel<T, Acc, G, kVec16><<<blocks_for(a.units * tiles_v * G), kThreads, 0, stream>>>(a, true);
       } else {
         SpmmGroupKernel<T, Acc, G, 1><<<blocks_for(a.m * tiles_1 * G), kThreads, 0, stream>>>(a, false);
         if (split) SpmmGroupKernel<T, Acc, G, 1><<<blocks_for(a.units * tiles_1 * G), kThreads, 0, stream>>>(a, true);
@@ -339,6 +430,6 @@ cudaError_t LaunchCsrSpmm(cudaStream_t stream, const SpmmArgs<T, Acc>& a, bool v
 
 }  // namespace jax_ops::sparse
 
-#define JAX_OPS_INSTANTIATE_CSR_SPMM(T, ACC)                                                              \
+#define JAX_OPS_INSTANTIATE_CSR_SPMM(T, ACC)                                                                          \
   template cudaError_t jax_ops::sparse::LaunchCsrSpmm<T, ACC>(cudaStream_t, const jax_ops::sparse::SpmmArgs<T, ACC>&, \
                                                               bool, int);

@@ -28,7 +28,14 @@
 
 namespace jax_ops::sparse {
 
-enum Algorithm : int32_t { kVector = 0, kCta = 1, kSplit = 2 };
+enum Algorithm : int32_t { kVector = 0, kCta = 1, kSplit = 2, kStream = 3 };
+
+// Stream (CSR-stream) SpMV: a CTA owns `chunk` consecutive rows (a power of two in [kStreamMinRows,
+// kStreamMaxRows]), stages their products in shared memory (at most kStreamCap of them; a block with more runs
+// a warp-per-row loop instead, so any indptr stays safe) and reduces each row from there.
+constexpr int64_t kStreamMinRows = 8;
+constexpr int64_t kStreamMaxRows = 256;
+constexpr int64_t kStreamCap = 4096;
 
 constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
 
@@ -103,10 +110,9 @@ inline ffi::ErrorOr<SpmmShape> CheckSpmmArgs(const ffi::AnyBuffer& indptr, const
     return fail("indices has " + std::to_string(indices.dimensions()[0]) + " entries but values has " +
                 std::to_string(s.nnz));
   if (indptr.dimensions()[0] != s.m + 1)
-    return fail("indptr has " + std::to_string(indptr.dimensions()[0]) + " entries; expected M+1 = " +
-                std::to_string(s.m + 1));
-  if (s.m > kMaxDim || s.k > kMaxDim || s.n > kMaxDim || s.nnz > kMaxDim)
-    return fail("M, K, N and nnz must be < 2^31");
+    return fail("indptr has " + std::to_string(indptr.dimensions()[0]) +
+                " entries; expected M+1 = " + std::to_string(s.m + 1));
+  if (s.m > kMaxDim || s.k > kMaxDim || s.n > kMaxDim || s.nnz > kMaxDim) return fail("M, K, N and nnz must be < 2^31");
   for (const ffi::AnyBuffer* c : {&alpha, &beta}) {
     if (c->element_type() != acc || c->dimensions().size() != 1 || c->dimensions()[0] != s.n)
       return fail("alpha and beta must be " + std::string(DTypeName(acc)) + "[N] with N = " + std::to_string(s.n));
@@ -120,8 +126,10 @@ inline ffi::ErrorOr<SpmmShape> CheckSpmmArgs(const ffi::AnyBuffer& indptr, const
   if (ws.element_type() != acc || ws.dimensions().size() != 1) return fail("workspace must be a rank-1 Acc array");
   s.num_long = long_rows.dimensions()[0];
   if (long_ptr.dimensions()[0] != s.num_long + 1) return fail("long_ptr must have len(long_rows) + 1 entries");
-  if (algorithm != kVector && algorithm != kCta && algorithm != kSplit)
+  if (algorithm != kVector && algorithm != kCta && algorithm != kSplit && algorithm != kStream)
     return fail("unknown algorithm " + std::to_string(algorithm));
+  if (algorithm == kStream && (chunk < kStreamMinRows || chunk > kStreamMaxRows || (chunk & (chunk - 1)) != 0))
+    return fail("stream needs chunk (rows per block) a power of two in [8, 256], got " + std::to_string(chunk));
   if (group < 1 || group > 32 || (group & (group - 1)) != 0)
     return fail("group must be a power of two in [1, 32], got " + std::to_string(group));
   s.algorithm = algorithm;

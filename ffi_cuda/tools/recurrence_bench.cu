@@ -10,13 +10,13 @@
 
 using namespace jax_ops::lsmr;
 
-#define CHECK(x)                                                                                    \
-  do {                                                                                              \
-    cudaError_t e = (x);                                                                            \
-    if (e != cudaSuccess) {                                                                         \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__);          \
-      std::exit(1);                                                                                 \
-    }                                                                                               \
+#define CHECK(x)                                                                          \
+  do {                                                                                    \
+    cudaError_t e = (x);                                                                  \
+    if (e != cudaSuccess) {                                                               \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
   } while (0)
 
 __global__ void Fill(float* p, int64_t n) {
@@ -64,8 +64,10 @@ int main() {
     float copy_ms = 0;
     for (int bps : {0, 8, 16, 32}) {
       int grid = bps ? sms * bps : static_cast<int>((n / 4 + 255) / 256);
-      float ms = MedianMs([&] { CopyKernel<<<grid, 256>>>(reinterpret_cast<float4*>(h), reinterpret_cast<float4*>(x), n / 4); });
-      std::printf("n=%lld copy blocks/SM=%d: %.1f us, %.0f GB/s\n", (long long)n, bps, ms * 1e3, 2.0 * n * 4 / ms / 1e6);
+      float ms = MedianMs(
+          [&] { CopyKernel<<<grid, 256>>>(reinterpret_cast<float4*>(h), reinterpret_cast<float4*>(x), n / 4); });
+      std::printf("n=%lld copy blocks/SM=%d: %.1f us, %.0f GB/s\n", (long long)n, bps, ms * 1e3,
+                  2.0 * n * 4 / ms / 1e6);
       copy_ms = copy_ms == 0 ? ms : std::min(copy_ms, ms);
     }
     RowwiseArgs<float, 3, 2, 2> args{{h, hbar, x}, {hbar, x}, {c, c + 1}, 1, n};

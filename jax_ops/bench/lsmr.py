@@ -158,7 +158,12 @@ def _cupy_row(p, a, b, case, t_ours):
         import cupyx.scipy.sparse as csp
         from cupyx.scipy.sparse.linalg import lsmr as cupy_lsmr
     except Exception as e:  # noqa: BLE001 - any import failure means the anchor is unavailable
-        return {"case": case, "impl": "cupy", "time_us": None, "note": f"skipped: {type(e).__name__}: {e}"[:120]}
+        return {
+            "case": case,
+            "impl": "cupy",
+            "time_us": None,
+            "note": f"skipped: {type(e).__name__}: {e}"[:120],
+        }
     try:
         a_gpu = csp.csr_matrix(a)
         b_gpu = cupy.asarray(b)
@@ -177,7 +182,12 @@ def _cupy_row(p, a, b, case, t_ours):
             "us_per_iter": t / max(itn, 1) * 1e6, "ours_vs": t_ours / t,
         }  # fmt: skip
     except Exception as e:  # noqa: BLE001
-        return {"case": case, "impl": "cupy", "time_us": None, "note": f"failed: {type(e).__name__}: {e}"[:120]}
+        return {
+            "case": case,
+            "impl": "cupy",
+            "time_us": None,
+            "note": f"failed: {type(e).__name__}: {e}"[:120],
+        }
 
 
 def _lineax_row(p, a, b, case, t_ours):
@@ -185,7 +195,12 @@ def _lineax_row(p, a, b, case, t_ours):
         import lineax as lx
         from jax.experimental import sparse
     except Exception as e:  # noqa: BLE001
-        return {"case": case, "impl": "lineax", "time_us": None, "note": f"skipped: {type(e).__name__}: {e}"[:120]}
+        return {
+            "case": case,
+            "impl": "lineax",
+            "time_us": None,
+            "note": f"skipped: {type(e).__name__}: {e}"[:120],
+        }
     try:
         bcsr = sparse.BCSR.from_scipy_sparse(a)
         m, n = a.shape
@@ -210,7 +225,12 @@ def _lineax_row(p, a, b, case, t_ours):
             "us_per_iter": t / max(itn, 1) * 1e6, "ours_vs": t_ours / t,
         }  # fmt: skip
     except Exception as e:  # noqa: BLE001
-        return {"case": case, "impl": "lineax", "time_us": None, "note": f"failed: {type(e).__name__}: {e}"[:120]}
+        return {
+            "case": case,
+            "impl": "lineax",
+            "time_us": None,
+            "note": f"failed: {type(e).__name__}: {e}"[:120],
+        }
 
 
 def _scipy_row(p, a, b, case, t_ours, itn_ours, budget_s: float):

@@ -54,7 +54,7 @@ def gen_poisson(shape):
     n = int(np.prod(dims))
     idx = np.arange(n, dtype=np.int64)
     coords = np.stack(np.unravel_index(idx, shape), 1)
-    strides = np.array([int(np.prod(dims[i + 1:])) for i in range(len(dims))], np.int64)
+    strides = np.array([int(np.prod(dims[i + 1 :])) for i in range(len(dims))], np.int64)
     offsets = []
     for axis in range(len(dims)):
         for d in (-1, 1):
@@ -92,7 +92,9 @@ def gen_bundle_adjustment(n_obs, n_cams, n_pts, seed=4):
     rng = np.random.default_rng(seed)
     cam = rng.integers(0, n_cams, n_obs)
     pt = rng.integers(0, n_pts, n_obs)
-    cols_obs = np.concatenate([cam[:, None] * 9 + np.arange(9), n_cams * 9 + pt[:, None] * 3 + np.arange(3)], 1)
+    cols_obs = np.concatenate(
+        [cam[:, None] * 9 + np.arange(9), n_cams * 9 + pt[:, None] * 3 + np.arange(3)], 1
+    )
     cols = np.repeat(cols_obs, 2, axis=0).ravel()
     m = 2 * n_obs
     return _csr(np.arange(m + 1, dtype=np.int64) * 12, cols, rng, m, n_cams * 9 + n_pts * 3)
@@ -184,24 +186,53 @@ def run(ctx) -> list[dict]:
         for dtype in dtypes:
             itemsize = jnp.dtype(dtype).itemsize
             dname = jnp.dtype(dtype).name
-            A = jsparse.BCSR((jnp.asarray(vals, dtype), jnp.asarray(indices), jnp.asarray(indptr)), shape=(m, k))
+            A = jsparse.BCSR(
+                (jnp.asarray(vals, dtype), jnp.asarray(indices), jnp.asarray(indptr)), shape=(m, k)
+            )
             t_build = time_call(lambda A=A: sparse.csr_pair(A).values_t, min_seconds=0.0, repeats=3)
             t_transpose = time_call(
-                lambda A=A, m=m, k=k: sparse._transpose_csr(A.indptr, A.indices, A.data, m, k), min_seconds=0.0,
+                lambda A=A, m=m, k=k: sparse._transpose_csr(A.indptr, A.indices, A.data, m, k),
+                min_seconds=0.0,
                 repeats=3,
             )
             pair = sparse.csr_pair(A)
             prof = pair.profile
             base = {"case": name, "dtype": dname, "M": m, "K": k, "nnz": nnz}
-            rows.append({**base, "op": "build", "N": 0, "impl": "jax_ops CSRPair build (incl. host profile)",
-                         "time_us": t_build * 1e6, "note": f"transpose sort alone {t_transpose * 1e6:.0f} us; "
-                         f"generation {gen_s:.1f} s; profile avg={prof.avg:.1f} p95={prof.p95:.0f} "
-                         f"max={prof.max} cv={prof.cv:.2f}; plan {pair.plan.algorithm}/{pair.plan.group}, "
-                         f"plan_t {pair.plan_t.algorithm}/{pair.plan_t.group}"})
+            rows.append(
+                {
+                    **base,
+                    "op": "build",
+                    "N": 0,
+                    "impl": "jax_ops CSRPair build (incl. host profile)",
+                    "time_us": t_build * 1e6,
+                    "note": f"transpose sort alone {t_transpose * 1e6:.0f} us; "
+                    f"generation {gen_s:.1f} s; profile avg={prof.avg:.1f} p95={prof.p95:.0f} "
+                    f"max={prof.max} cv={prof.cv:.2f}; plan {pair.plan.algorithm}/{pair.plan.group}, "
+                    f"plan_t {pair.plan_t.algorithm}/{pair.plan_t.group}",
+                }
+            )
             ops = [("Ax", None), ("ATu", None)] + ([("AB", n) for n in ns] if dtype == jnp.float32 else [])
             for op, n in ops:
-                rows.extend(_bench_op(ctx, base, op, n, dtype, itemsize, A, pair, indptr, indices, vals, m, k, nnz,
-                                      have_cupy, quick))
+                rows.extend(
+                    _bench_op(
+                        ctx,
+                        base,
+                        op,
+                        n,
+                        dtype,
+                        itemsize,
+                        A,
+                        pair,
+                        indptr,
+                        indices,
+                        vals,
+                        m,
+                        k,
+                        nnz,
+                        have_cupy,
+                        quick,
+                    )
+                )
             del A, pair
         progress.step(name)
     rows.extend(_summary(rows))
@@ -260,23 +291,37 @@ def _bench_op(ctx, base, op, n, dtype, itemsize, A, pair, indptr, indices, vals,
             import cupyx.scipy.sparse as csp
 
             np_dtype = np.dtype(dtype)
-            ac = csp.csr_matrix((cupy.asarray(vals.astype(np_dtype)), cupy.asarray(indices), cupy.asarray(indptr)),
-                                shape=(m, k))
+            ac = csp.csr_matrix(
+                (cupy.asarray(vals.astype(np_dtype)), cupy.asarray(indices), cupy.asarray(indptr)),
+                shape=(m, k),
+            )
             op_mat = ac.T if transpose else ac
             xc = cupy.asarray(np.asarray(x.astype(jnp.float32)).astype(np_dtype))
             reps = 20 if nbytes > 2e9 else 100
             times["cuSPARSE (CuPy)"] = _time_cupy(lambda: op_mat @ xc, reps)
             del ac, op_mat, xc
         except Exception as e:  # noqa: BLE001
-            times["cuSPARSE (CuPy)"], notes["cuSPARSE (CuPy)"] = None, f"skipped: {type(e).__name__}: {str(e)[:80]}"
+            times["cuSPARSE (CuPy)"], notes["cuSPARSE (CuPy)"] = (
+                None,
+                f"skipped: {type(e).__name__}: {str(e)[:80]}",
+            )
     else:
         times["cuSPARSE (CuPy)"] = None
-        notes["cuSPARSE (CuPy)"] = "skipped: " + ("no bf16 in cuSPARSE via CuPy" if dtype == jnp.bfloat16 and
-                                                  have_cupy else "CuPy not installed or no GPU")
+        notes["cuSPARSE (CuPy)"] = "skipped: " + (
+            "no bf16 in cuSPARSE via CuPy"
+            if dtype == jnp.bfloat16 and have_cupy
+            else "CuPy not installed or no GPU"
+        )
     out = []
     ours = times["jax_ops"]
     for impl, t in times.items():
-        row = {**base, "op": op, "N": 1 if n is None else n, "impl": impl, "time_us": None if t is None else t * 1e6}
+        row = {
+            **base,
+            "op": op,
+            "N": 1 if n is None else n,
+            "impl": impl,
+            "time_us": None if t is None else t * 1e6,
+        }
         if t is not None:
             gbps = nbytes / t / 1e9
             row.update({"GB/s": gbps, "frac_copy": gbps / ctx.ceilings.copy_gbps, "speedup": t / ours})
@@ -292,21 +337,50 @@ def _summary(rows):
     anchors = sorted({r["impl"] for r in rows if r.get("op") != "build" and r["impl"] != "jax_ops"})
     for op in ("Ax", "ATu", "AB"):
         for anchor in anchors:
-            s = [r["speedup"] for r in rows if r.get("op") == op and r["impl"] == anchor and r.get("speedup")
-                 and r.get("dtype") == "float32"]
+            s = [
+                r["speedup"]
+                for r in rows
+                if r.get("op") == op
+                and r["impl"] == anchor
+                and r.get("speedup")
+                and r.get("dtype") == "float32"
+            ]
             if s:
-                out.append({"case": "summary", "op": op, "impl": anchor, "time_us": None,
-                            "speedup": math.exp(sum(math.log(v) for v in s) / len(s)),
-                            "note": f"geomean over {len(s)} cases, min {min(s):.2f}"})
+                out.append(
+                    {
+                        "case": "summary",
+                        "op": op,
+                        "impl": anchor,
+                        "time_us": None,
+                        "speedup": math.exp(sum(math.log(v) for v in s) / len(s)),
+                        "note": f"geomean over {len(s)} cases, min {min(s):.2f}",
+                    }
+                )
     ratios = []
     for r in rows:
         if r.get("op") == "ATu" and r["impl"] == "jax_ops" and r.get("time_us"):
-            ax = next((q for q in rows if q.get("op") == "Ax" and q["impl"] == "jax_ops" and q["case"] == r["case"]
-                       and q["dtype"] == r["dtype"]), None)
+            ax = next(
+                (
+                    q
+                    for q in rows
+                    if q.get("op") == "Ax"
+                    and q["impl"] == "jax_ops"
+                    and q["case"] == r["case"]
+                    and q["dtype"] == r["dtype"]
+                ),
+                None,
+            )
             if ax and ax.get("time_us"):
                 ratios.append(r["time_us"] / ax["time_us"])
     if ratios:
-        out.append({"case": "summary", "op": "ATu/Ax", "impl": "jax_ops", "time_us": None,
-                    "note": f"time ratio max {max(ratios):.2f}, geomean "
-                            f"{math.exp(sum(math.log(v) for v in ratios) / len(ratios)):.2f}"})
+        out.append(
+            {
+                "case": "summary",
+                "op": "ATu/Ax",
+                "impl": "jax_ops",
+                "time_us": None,
+                "note": f"time ratio max {max(ratios):.2f}, geomean "
+                f"{math.exp(sum(math.log(v) for v in ratios) / len(ratios)):.2f}",
+            }
+        )
     return out
