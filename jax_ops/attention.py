@@ -498,8 +498,21 @@ def _attention_fwd(cfg: _Config, q, k, v, bias, mask, qsl, kvsl):
     return (o, lse), (q, k, v, bias, mask, qsl, kvsl, o, lse)
 
 
-def _bwd_target_available() -> bool:
-    return jax.default_backend() != "gpu" or BWD_TARGET in _ffi.target_names("CUDA")
+# The CUDA backward has no bias gradient and no head dim 256 (its dK/dV accumulators would spill).
+CUDA_BWD_HEAD_DIMS = (32, 64, 96, 128)
+
+
+def _bwd_unsupported_reason(cfg: _Config, head_dim: int) -> str | None:
+    """Why the backward kernel cannot run (None when it can): the explicit reference fallback's reason."""
+    if jax.default_backend() != "gpu":
+        return None
+    if BWD_TARGET not in _ffi.target_names("CUDA"):
+        return "this build has no CUDA attention backward kernel (jax_ops_attention_bwd)"
+    if cfg.has_bias:
+        return "the CUDA attention backward computes no bias gradient"
+    if head_dim not in CUDA_BWD_HEAD_DIMS:
+        return f"the CUDA attention backward supports head dims {CUDA_BWD_HEAD_DIMS}, not {head_dim}"
+    return None
 
 
 def _reference_vjp(cfg: _Config, q, k, v, bias, mask, qsl, kvsl, do):
@@ -519,11 +532,11 @@ def _attention_bwd(cfg: _Config, res, cts):
     q, k, v, bias, mask, qsl, kvsl, o, lse = res
     do, _ = cts  # the residual (lse) is returned under stop_gradient, as jax.nn does
     do = do.astype(q.dtype)
-    if not _bwd_target_available():
+    reason = _bwd_unsupported_reason(cfg, q.shape[-1])
+    if reason is not None:
         _checks.warn_once(
-            "attention:bwd",
-            "jax_ops.dot_product_attention: this build has no CUDA attention backward kernel "
-            "(jax_ops_attention_bwd); the backward pass uses the XLA reference",
+            f"attention:bwd:{reason}",
+            f"jax_ops.dot_product_attention: {reason}; the backward pass uses the XLA reference",
         )
         dq, dk, dv, db = _reference_vjp(cfg, q, k, v, bias, mask, qsl, kvsl, do)
         return dq, dk, dv, db, None, None, None

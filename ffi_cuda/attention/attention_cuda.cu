@@ -63,6 +63,67 @@ ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
       });
 }
 
+template <typename T>
+cudaError_t LaunchBwdForHeadDim(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
+                                const BwdPointers& bp) {
+  switch (p.head_dim) {
+    case 32:
+      return LaunchAttentionBwd<T, 32>(stream, p, ptr, bp);
+    case 64:
+      return LaunchAttentionBwd<T, 64>(stream, p, ptr, bp);
+    case 96:
+      return LaunchAttentionBwd<T, 96>(stream, p, ptr, bp);
+    case 128:
+      return LaunchAttentionBwd<T, 128>(stream, p, ptr, bp);
+    default:
+      return cudaErrorInvalidValue;  // unreachable: checked by the handler
+  }
+}
+
+// Backward: dq, dk, dv (no bias gradient: the handler refuses has_bias and jax_ops routes that case to the
+// reference backward). dbias is the [1,1,1,1] f32 dummy and is written as 0, as the contract says.
+ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                            ffi::AnyBuffer bias, ffi::AnyBuffer mask, ffi::AnyBuffer q_seqlen, ffi::AnyBuffer kv_seqlen,
+                            ffi::AnyBuffer o, ffi::AnyBuffer lse, ffi::AnyBuffer d_o, float scale, bool is_causal,
+                            int64_t window_left, int64_t window_right, bool has_bias, bool has_mask, bool has_q_seqlen,
+                            bool has_kv_seqlen, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                            ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dbias) {
+  auto params = CheckAttentionArgs(q, k, v, bias, mask, q_seqlen, kv_seqlen, scale, is_causal, window_left,
+                                   window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen);
+  if (params.has_error()) return params.error();
+  const AttentionParams& p = *params;
+  JAX_OPS_RETURN_IF_ERROR(CheckBwdBuffers(p, o, lse, d_o, *dq, *dk, *dv, *dbias));
+  JAX_OPS_CHECK_ARG(!has_bias,
+                    "the CUDA attention backward has no bias gradient (jax_ops uses the reference "
+                    "backward when a bias is given)");
+  const int64_t hd = p.head_dim;
+  JAX_OPS_CHECK_ARG(hd == 32 || hd == 64 || hd == 96 || hd == 128,
+                    "the CUDA attention backward supports head dims 32, 64, 96, 128; got " << hd);
+  JAX_OPS_CHECK_ARG(
+      p.num_heads <= 65535 && p.batch <= 65535,
+      "the CUDA attention kernel supports up to 65535 heads and batches; got N=" << p.num_heads << " B=" << p.batch);
+  FwdPointers ptr{q.untyped_data(),
+                  k.untyped_data(),
+                  v.untyped_data(),
+                  bias.untyped_data(),
+                  static_cast<const bool*>(mask.untyped_data()),
+                  static_cast<const int32_t*>(q_seqlen.untyped_data()),
+                  static_cast<const int32_t*>(kv_seqlen.untyped_data()),
+                  nullptr,
+                  nullptr,
+                  false};
+  BwdPointers bp{o.untyped_data(),   static_cast<const float*>(lse.untyped_data()),
+                 d_o.untyped_data(), dq->untyped_data(),
+                 dk->untyped_data(), dv->untyped_data()};
+  JAX_OPS_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(dbias->untyped_data(), 0, dbias->size_bytes(), stream));
+  return DispatchDType<ffi::DataType::F16, ffi::DataType::BF16>(
+      p.dtype, "q (the CUDA attention kernel takes float16 or bfloat16)", [&](auto tag) -> ffi::Error {
+        using T = std::conditional_t<decltype(tag)::value == ffi::DataType::F16, __half, __nv_bfloat16>;
+        JAX_OPS_RETURN_IF_CUDA_ERROR(LaunchBwdForHeadDim<T>(stream, p, ptr, bp));
+        return ffi::Error::Success();
+      });
+}
+
 }  // namespace
 }  // namespace jax_ops::attention
 
@@ -86,4 +147,31 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsAttentionFwdCuda, jax_ops::attention::Attent
                                   .Attr<bool>("has_kv_seqlen")
                                   .Ret<xla::ffi::AnyBuffer>()   // o
                                   .Ret<xla::ffi::AnyBuffer>(),  // lse
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsAttentionBwdCuda, jax_ops::attention::AttentionBwdCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()  // q
+                                  .Arg<xla::ffi::AnyBuffer>()  // k
+                                  .Arg<xla::ffi::AnyBuffer>()  // v
+                                  .Arg<xla::ffi::AnyBuffer>()  // bias
+                                  .Arg<xla::ffi::AnyBuffer>()  // mask
+                                  .Arg<xla::ffi::AnyBuffer>()  // q_seqlen
+                                  .Arg<xla::ffi::AnyBuffer>()  // kv_seqlen
+                                  .Arg<xla::ffi::AnyBuffer>()  // o
+                                  .Arg<xla::ffi::AnyBuffer>()  // lse
+                                  .Arg<xla::ffi::AnyBuffer>()  // do
+                                  .Attr<float>("scale")
+                                  .Attr<bool>("is_causal")
+                                  .Attr<int64_t>("window_left")
+                                  .Attr<int64_t>("window_right")
+                                  .Attr<bool>("has_bias")
+                                  .Attr<bool>("has_mask")
+                                  .Attr<bool>("has_q_seqlen")
+                                  .Attr<bool>("has_kv_seqlen")
+                                  .Ret<xla::ffi::AnyBuffer>()   // dq
+                                  .Ret<xla::ffi::AnyBuffer>()   // dk
+                                  .Ret<xla::ffi::AnyBuffer>()   // dv
+                                  .Ret<xla::ffi::AnyBuffer>(),  // dbias
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -23,8 +23,23 @@ struct FwdPointers {
   bool bias_is_f32;
 };
 
+// Device pointers of the backward call beyond the forward's inputs.
+struct BwdPointers {
+  const void* o;
+  const float* lse;
+  const void* d_o;
+  void* dq;
+  void* dk;
+  void* dv;
+};
+
 // T: __half or __nv_bfloat16; kHeadDim: 32, 64, 96, 128 or 256 (one instantiation per .cu file).
 template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionFwd(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr);
+
+// Backward without bias gradient: dq, dk, dv. kHeadDim: 32, 64, 96, 128 (256 would spill the accumulators).
+template <typename T, int kHeadDim>
+cudaError_t LaunchAttentionBwd(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
+                               const BwdPointers& bp);
 
 }  // namespace jax_ops::attention
