@@ -389,7 +389,9 @@ def test_reference_matches_jax_nn_on_nonempty_rows():
 
 def test_backward_fallback_without_bwd_kernel(monkeypatch):
     """Where a platform has the forward kernel but no backward one, grads come from the reference's VJP."""
-    monkeypatch.setattr(attention, "_bwd_unsupported_reason", lambda cfg, head_dim: "no backward kernel (test)")
+    monkeypatch.setattr(
+        attention, "_bwd_unsupported_reason", lambda cfg, head_dim: "no backward kernel (test)"
+    )
     monkeypatch.setattr(jax_ops._checks, "_warned", set())
     q, k, v = qkv(2, 9, 11, 4, 2, 8)
     bias = jax.random.normal(jax.random.key(3), (1, 4, 9, 11))
