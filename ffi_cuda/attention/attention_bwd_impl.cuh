@@ -35,6 +35,20 @@ struct BwdTraits {
 
 constexpr float kLog2eBwd = 1.4426950408889634f;
 
+// The backward kernels' shared memory: K, V, Q, dO tiles, then delta and lse (log2) of the query block.
+template <typename T, typename Tr>
+struct BwdSmem {
+  T *k, *v, *q, *d_o;
+  float *delta, *lse;
+  __device__ explicit BwdSmem(unsigned char* raw)
+      : k(reinterpret_cast<T*>(raw)),
+        v(k + Tr::kTileElems),
+        q(v + Tr::kTileElems),
+        d_o(q + Tr::kTileElems),
+        delta(reinterpret_cast<float*>(d_o + Tr::kTileElems)),
+        lse(delta + Tr::kBlock) {}
+};
+
 // Whether key s is visible from query t (position rules + boolean mask); `kr` = AllowedKeys(t).
 __device__ __forceinline__ bool Visible(const AttentionParams& p, const FwdPointers& ptr, int64_t b, int64_t n,
                                         int64_t t, int64_t s, KeyRange kr) {
@@ -74,17 +88,13 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   constexpr int kB = Tr::kBlock, kP = Tr::kPitch;
   constexpr int kNT = kB / 8, kDT = kHeadDim / 8, kKS = kHeadDim / 16;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* sK = reinterpret_cast<T*>(smem_raw);
-  T* sV = sK + Tr::kTileElems;
-  T* sQ = sV + Tr::kTileElems;
-  T* sDo = sQ + Tr::kTileElems;
-  float* s_delta = reinterpret_cast<float*>(sDo + Tr::kTileElems);
-  float* s_lse = s_delta + kB;
+  const BwdSmem<T, Tr> sm(smem_raw);
+  T *sK = sm.k, *sV = sm.v, *sQ = sm.q, *sDo = sm.d_o;
+  float *s_delta = sm.delta, *s_lse = sm.lse;
 
   const int64_t s0 = int64_t{blockIdx.x} * kB, kh = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t q_len = p.has_q_seqlen ? Min64(Max64(ptr.q_seqlen[b], 0), p.seqlen_q) : p.seqlen_q;
-  const int64_t kv_len = p.has_kv_seqlen ? Min64(Max64(ptr.kv_seqlen[b], 0), p.seqlen_k) : p.seqlen_k;
+  const auto [q_len, kv_len] = SeqLensOf(p, ptr, b);
   const int kv_valid = static_cast<int>(Min64(kB, p.seqlen_k - s0));
   const T* kbase = static_cast<const T*>(ptr.k) + p.KOffset(b, s0, kh);
   const T* vbase = static_cast<const T*>(ptr.v) + p.KOffset(b, s0, kh);
@@ -164,14 +174,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 #pragma unroll
       for (int ks = 0; ks < kB / 16; ++ks) {
         uint32_t ap[4], ads[4];
-        ap[0] = Mma<T>::Pack(st[2 * ks][0], st[2 * ks][1]);
-        ap[1] = Mma<T>::Pack(st[2 * ks][2], st[2 * ks][3]);
-        ap[2] = Mma<T>::Pack(st[2 * ks + 1][0], st[2 * ks + 1][1]);
-        ap[3] = Mma<T>::Pack(st[2 * ks + 1][2], st[2 * ks + 1][3]);
-        ads[0] = Mma<T>::Pack(dpt[2 * ks][0], dpt[2 * ks][1]);
-        ads[1] = Mma<T>::Pack(dpt[2 * ks][2], dpt[2 * ks][3]);
-        ads[2] = Mma<T>::Pack(dpt[2 * ks + 1][0], dpt[2 * ks + 1][1]);
-        ads[3] = Mma<T>::Pack(dpt[2 * ks + 1][2], dpt[2 * ks + 1][3]);
+        PackAFrag<T>(ap, st[2 * ks], st[2 * ks + 1]);
+        PackAFrag<T>(ads, dpt[2 * ks], dpt[2 * ks + 1]);
 #pragma unroll
         for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
           uint32_t bdo[4], bq[4];
@@ -212,18 +216,14 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   constexpr int kB = Tr::kBlock, kP = Tr::kPitch;
   constexpr int kNT = kB / 8, kDT = kHeadDim / 8, kKS = kHeadDim / 16;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* sK = reinterpret_cast<T*>(smem_raw);
-  T* sV = sK + Tr::kTileElems;
-  T* sQ = sV + Tr::kTileElems;
-  T* sDo = sQ + Tr::kTileElems;
-  float* s_delta = reinterpret_cast<float*>(sDo + Tr::kTileElems);
-  float* s_lse = s_delta + kB;
+  const BwdSmem<T, Tr> sm(smem_raw);
+  T *sK = sm.k, *sV = sm.v, *sQ = sm.q, *sDo = sm.d_o;
+  float *s_delta = sm.delta, *s_lse = sm.lse;
 
   const int64_t t0 = int64_t{blockIdx.x} * kB, n = blockIdx.y, b = blockIdx.z;
   const int64_t kh = n / p.group;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t q_len = p.has_q_seqlen ? Min64(Max64(ptr.q_seqlen[b], 0), p.seqlen_q) : p.seqlen_q;
-  const int64_t kv_len = p.has_kv_seqlen ? Min64(Max64(ptr.kv_seqlen[b], 0), p.seqlen_k) : p.seqlen_k;
+  const auto [q_len, kv_len] = SeqLensOf(p, ptr, b);
   const int q_valid = static_cast<int>(Min64(kB, p.seqlen_q - t0));
   LoadTile<Tr>(sQ, static_cast<const T*>(ptr.q) + p.QOffset(b, t0, n), p.q_row_stride, kB, q_valid);
   LoadTile<Tr>(sDo, static_cast<const T*>(bp.d_o) + p.QOffset(b, t0, n), p.q_row_stride, kB, q_valid);
@@ -309,10 +309,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 #pragma unroll
     for (int ks = 0; ks < kB / 16; ++ks) {
       uint32_t a[4];
-      a[0] = Mma<T>::Pack(dp[2 * ks][0], dp[2 * ks][1]);
-      a[1] = Mma<T>::Pack(dp[2 * ks][2], dp[2 * ks][3]);
-      a[2] = Mma<T>::Pack(dp[2 * ks + 1][0], dp[2 * ks + 1][1]);
-      a[3] = Mma<T>::Pack(dp[2 * ks + 1][2], dp[2 * ks + 1][3]);
+      PackAFrag<T>(a, dp[2 * ks], dp[2 * ks + 1]);
 #pragma unroll
       for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
         uint32_t bk[4];

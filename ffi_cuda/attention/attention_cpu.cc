@@ -265,43 +265,8 @@ ffi::Error AttentionBwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
 }  // namespace
 }  // namespace jax_ops::attention
 
-#define JAX_OPS_ATTENTION_ATTRS      \
-  .Attr<float>("scale")              \
-      .Attr<bool>("is_causal")       \
-      .Attr<int64_t>("window_left")  \
-      .Attr<int64_t>("window_right") \
-      .Attr<bool>("has_bias")        \
-      .Attr<bool>("has_mask")        \
-      .Attr<bool>("has_q_seqlen")    \
-      .Attr<bool>("has_kv_seqlen")
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsAttentionFwdCpu, jax_ops::attention::AttentionFwdCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()  // q
-                                  .Arg<xla::ffi::AnyBuffer>()  // k
-                                  .Arg<xla::ffi::AnyBuffer>()  // v
-                                  .Arg<xla::ffi::AnyBuffer>()  // bias
-                                  .Arg<xla::ffi::AnyBuffer>()  // mask
-                                  .Arg<xla::ffi::AnyBuffer>()  // q_seqlen
-                                  .Arg<xla::ffi::AnyBuffer>()  // kv_seqlen
-                              JAX_OPS_ATTENTION_ATTRS
-                                  .Ret<xla::ffi::AnyBuffer>()    // o
-                                  .Ret<xla::ffi::AnyBuffer>());  // lse
+                              JAX_OPS_ATTENTION_FWD_BINDING(xla::ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsAttentionBwdCpu, jax_ops::attention::AttentionBwdCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()  // q
-                                  .Arg<xla::ffi::AnyBuffer>()  // k
-                                  .Arg<xla::ffi::AnyBuffer>()  // v
-                                  .Arg<xla::ffi::AnyBuffer>()  // bias
-                                  .Arg<xla::ffi::AnyBuffer>()  // mask
-                                  .Arg<xla::ffi::AnyBuffer>()  // q_seqlen
-                                  .Arg<xla::ffi::AnyBuffer>()  // kv_seqlen
-                                  .Arg<xla::ffi::AnyBuffer>()  // o
-                                  .Arg<xla::ffi::AnyBuffer>()  // lse
-                                  .Arg<xla::ffi::AnyBuffer>()  // do
-                              JAX_OPS_ATTENTION_ATTRS
-                                  .Ret<xla::ffi::AnyBuffer>()    // dq
-                                  .Ret<xla::ffi::AnyBuffer>()    // dk
-                                  .Ret<xla::ffi::AnyBuffer>()    // dv
-                                  .Ret<xla::ffi::AnyBuffer>());  // dbias
+                              JAX_OPS_ATTENTION_BWD_BINDING(xla::ffi::Ffi::Bind()));

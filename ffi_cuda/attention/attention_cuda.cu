@@ -127,51 +127,12 @@ ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
 }  // namespace
 }  // namespace jax_ops::attention
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsAttentionFwdCuda, jax_ops::attention::AttentionFwdCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // q
-                                  .Arg<xla::ffi::AnyBuffer>()  // k
-                                  .Arg<xla::ffi::AnyBuffer>()  // v
-                                  .Arg<xla::ffi::AnyBuffer>()  // bias
-                                  .Arg<xla::ffi::AnyBuffer>()  // mask
-                                  .Arg<xla::ffi::AnyBuffer>()  // q_seqlen
-                                  .Arg<xla::ffi::AnyBuffer>()  // kv_seqlen
-                                  .Attr<float>("scale")
-                                  .Attr<bool>("is_causal")
-                                  .Attr<int64_t>("window_left")
-                                  .Attr<int64_t>("window_right")
-                                  .Attr<bool>("has_bias")
-                                  .Attr<bool>("has_mask")
-                                  .Attr<bool>("has_q_seqlen")
-                                  .Attr<bool>("has_kv_seqlen")
-                                  .Ret<xla::ffi::AnyBuffer>()   // o
-                                  .Ret<xla::ffi::AnyBuffer>(),  // lse
-                              {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxOpsAttentionFwdCuda, jax_ops::attention::AttentionFwdCuda,
+    JAX_OPS_ATTENTION_FWD_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsAttentionBwdCuda, jax_ops::attention::AttentionBwdCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // q
-                                  .Arg<xla::ffi::AnyBuffer>()  // k
-                                  .Arg<xla::ffi::AnyBuffer>()  // v
-                                  .Arg<xla::ffi::AnyBuffer>()  // bias
-                                  .Arg<xla::ffi::AnyBuffer>()  // mask
-                                  .Arg<xla::ffi::AnyBuffer>()  // q_seqlen
-                                  .Arg<xla::ffi::AnyBuffer>()  // kv_seqlen
-                                  .Arg<xla::ffi::AnyBuffer>()  // o
-                                  .Arg<xla::ffi::AnyBuffer>()  // lse
-                                  .Arg<xla::ffi::AnyBuffer>()  // do
-                                  .Attr<float>("scale")
-                                  .Attr<bool>("is_causal")
-                                  .Attr<int64_t>("window_left")
-                                  .Attr<int64_t>("window_right")
-                                  .Attr<bool>("has_bias")
-                                  .Attr<bool>("has_mask")
-                                  .Attr<bool>("has_q_seqlen")
-                                  .Attr<bool>("has_kv_seqlen")
-                                  .Ret<xla::ffi::AnyBuffer>()   // dq
-                                  .Ret<xla::ffi::AnyBuffer>()   // dk
-                                  .Ret<xla::ffi::AnyBuffer>()   // dv
-                                  .Ret<xla::ffi::AnyBuffer>(),  // dbias
-                              {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxOpsAttentionBwdCuda, jax_ops::attention::AttentionBwdCuda,
+    JAX_OPS_ATTENTION_BWD_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});

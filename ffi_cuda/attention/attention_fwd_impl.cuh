@@ -54,8 +54,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 2)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t m0 = int64_t{m_block} * kBM;
 
-  const int64_t q_len = p.has_q_seqlen ? Min64(Max64(ptr.q_seqlen[b], 0), p.seqlen_q) : p.seqlen_q;
-  const int64_t kv_len = p.has_kv_seqlen ? Min64(Max64(ptr.kv_seqlen[b], 0), p.seqlen_k) : p.seqlen_k;
+  const auto [q_len, kv_len] = SeqLensOf(p, ptr, b);
 
   // Key range of the whole block: lo/hi are monotone in t, so the first and last live rows bound it.
   const int64_t last_row = Min64(m0 + kBM, Min64(q_len, p.seqlen_q)) - 1;
@@ -210,10 +209,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 2)
 #pragma unroll
       for (int ks = 0; ks < kBN / 16; ++ks) {
         uint32_t a[4];
-        a[0] = Mma<T>::Pack(s[2 * ks][0], s[2 * ks][1]);
-        a[1] = Mma<T>::Pack(s[2 * ks][2], s[2 * ks][3]);
-        a[2] = Mma<T>::Pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-        a[3] = Mma<T>::Pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+        PackAFrag<T>(a, s[2 * ks], s[2 * ks + 1]);
 #pragma unroll
         for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
           uint32_t bv[4];

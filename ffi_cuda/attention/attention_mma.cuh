@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "attention/attention_kernels.h"
+
 namespace jax_ops::attention {
 namespace {
 
@@ -73,6 +75,25 @@ struct Mma<__nv_bfloat16> {
     return *reinterpret_cast<uint32_t*>(&h);
   }
 };
+
+// Valid query / key lengths of batch b: q_seqlen[b] / kv_seqlen[b] clamped to [0, T] / [0, S], or T / S.
+struct SeqLens {
+  int64_t q, kv;
+};
+__device__ __forceinline__ SeqLens SeqLensOf(const AttentionParams& p, const FwdPointers& ptr, int64_t b) {
+  return {p.has_q_seqlen ? Min64(Max64(ptr.q_seqlen[b], 0), p.seqlen_q) : p.seqlen_q,
+          p.has_kv_seqlen ? Min64(Max64(ptr.kv_seqlen[b], 0), p.seqlen_k) : p.seqlen_k};
+}
+
+// The A operand (16x16) of an m16n8k16 mma from two adjacent 16x8 fp32 accumulator tiles: the accumulator
+// layout of C is the A layout, so P (or dS) feeds the next mma from registers, packed pairwise to T.
+template <typename T>
+__device__ __forceinline__ void PackAFrag(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = Mma<T>::Pack(lo[0], lo[1]);
+  a[1] = Mma<T>::Pack(lo[2], lo[3]);
+  a[2] = Mma<T>::Pack(hi[0], hi[1]);
+  a[3] = Mma<T>::Pack(hi[2], hi[3]);
+}
 
 // Copies `rows` x kHeadDim elements (row stride `stride` elements) into a swizzled tile; rows >= `valid` are
 // zero-filled (never read from global memory).
