@@ -274,13 +274,14 @@ inline ffi::Error CheckBwdBuffers(const AttentionParams& p, const ffi::AnyBuffer
 }  // namespace jax_ops::attention
 
 // FFI bindings of the two targets, shared by the CPU twin and the CUDA handlers (the CUDA ones pass a `Bind()`
-// with the stream context first). Argument order as in the contract at the top of this file.
-#define JAX_OPS_ATTENTION_INPUTS                                                       \
-  .Arg<xla::ffi::AnyBuffer>() /* q */.Arg<xla::ffi::AnyBuffer>()            /* k */    \
-      .Arg<xla::ffi::AnyBuffer>()                                           /* v */    \
-      .Arg<xla::ffi::AnyBuffer>()                                           /* bias */ \
-      .Arg<xla::ffi::AnyBuffer>()                                           /* mask */ \
-      .Arg<xla::ffi::AnyBuffer>() /* q_seqlen */.Arg<xla::ffi::AnyBuffer>() /* kv_seqlen */
+// with the stream context first). Order as in the contract at the top of this file:
+//   inputs q, k, v, bias, mask, q_seqlen, kv_seqlen [, o, lse, do]; the attributes; results o, lse | dq, dk, dv,
+//   dbias.
+#define JAX_OPS_FFI_BUFFER_ARG .Arg<xla::ffi::AnyBuffer>()
+#define JAX_OPS_FFI_BUFFER_RET .Ret<xla::ffi::AnyBuffer>()
+#define JAX_OPS_ATTENTION_INPUTS                                                                                     \
+  JAX_OPS_FFI_BUFFER_ARG JAX_OPS_FFI_BUFFER_ARG JAX_OPS_FFI_BUFFER_ARG JAX_OPS_FFI_BUFFER_ARG JAX_OPS_FFI_BUFFER_ARG \
+      JAX_OPS_FFI_BUFFER_ARG JAX_OPS_FFI_BUFFER_ARG
 #define JAX_OPS_ATTENTION_ATTRS      \
   .Attr<float>("scale")              \
       .Attr<bool>("is_causal")       \
@@ -291,11 +292,8 @@ inline ffi::Error CheckBwdBuffers(const AttentionParams& p, const ffi::AnyBuffer
       .Attr<bool>("has_q_seqlen")    \
       .Attr<bool>("has_kv_seqlen")
 #define JAX_OPS_ATTENTION_FWD_BINDING(BIND) \
-  BIND JAX_OPS_ATTENTION_INPUTS             \
-      JAX_OPS_ATTENTION_ATTRS.Ret<xla::ffi::AnyBuffer>() /* o */.Ret<xla::ffi::AnyBuffer>() /* lse */
-#define JAX_OPS_ATTENTION_BWD_BINDING(BIND)                                                                        \
-  BIND JAX_OPS_ATTENTION_INPUTS.Arg<xla::ffi::AnyBuffer>() /* o */                                                 \
-      .Arg<xla::ffi::AnyBuffer>()                          /* lse */                                               \
-      .Arg<xla::ffi::AnyBuffer>() /* do */ JAX_OPS_ATTENTION_ATTRS                                                 \
-      .Ret<xla::ffi::AnyBuffer>()                                                                         /* dq */ \
-      .Ret<xla::ffi::AnyBuffer>() /* dk */.Ret<xla::ffi::AnyBuffer>() /* dv */.Ret<xla::ffi::AnyBuffer>() /* dbias */
+  BIND JAX_OPS_ATTENTION_INPUTS JAX_OPS_ATTENTION_ATTRS JAX_OPS_FFI_BUFFER_RET JAX_OPS_FFI_BUFFER_RET
+#define JAX_OPS_ATTENTION_BWD_BINDING(BIND)                                                          \
+  BIND JAX_OPS_ATTENTION_INPUTS JAX_OPS_FFI_BUFFER_ARG JAX_OPS_FFI_BUFFER_ARG JAX_OPS_FFI_BUFFER_ARG \
+      JAX_OPS_ATTENTION_ATTRS JAX_OPS_FFI_BUFFER_RET JAX_OPS_FFI_BUFFER_RET JAX_OPS_FFI_BUFFER_RET   \
+          JAX_OPS_FFI_BUFFER_RET
