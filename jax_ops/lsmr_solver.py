@@ -252,22 +252,6 @@ class _Augmented(_Spec):
         return self.inner.rmv(leaves, U[:, :m], cp) + cp.aux[:, None] * U[:, m:]
 
 
-def _csr_pair_class():
-    try:
-        from jax_ops import sparse as ops_sparse  # the sparse family (may not exist yet)
-    except ImportError:
-        return None
-    return getattr(ops_sparse, "CSRPair", None)
-
-
-def _to_csr_pair(a, implementation):
-    """BCOO/BCSR -> jax_ops.sparse.CSRPair (once, outside the loop), or None when the sparse module is absent."""
-    cls = _csr_pair_class()
-    if cls is None or not hasattr(cls, "from_matrix"):
-        return None
-    return cls.from_matrix(a, implementation=implementation)
-
-
 def _as_operator(A, dtype, implementation):
     """(spec, leaves) for ``A``; dense and sparse values are cast to ``dtype``."""
     from jax.experimental import sparse
@@ -288,15 +272,12 @@ def _as_operator(A, dtype, implementation):
         _check_float_dtype("A", A.dtype)
         if np.dtype(A.dtype) != dtype:
             A = type(A)((A.data.astype(dtype), *A._bufs[1:]), shape=A.shape)  # noqa: SLF001
-        pair = None if implementation == "xla" else _to_csr_pair(A, implementation)
-        if pair is not None:
-            A = pair
+        if implementation != "xla":
+            # Converted once, outside the loop: both products become row-major sweeps.
+            from jax_ops.sparse import CSRPair
+
+            A = CSRPair.from_matrix(A, implementation=implementation)
         else:
-            if implementation == "ffi":
-                raise NotImplementedError(
-                    "implementation='ffi' needs jax_ops.sparse.CSRPair for BCOO/BCSR operands, which this build "
-                    "does not provide; use implementation=None or 'xla'"
-                )
             bcoo = A.to_bcoo() if isinstance(A, sparse.BCSR) else A
             leaves, treedef = jax.tree_util.tree_flatten(bcoo)
             return _BCOO(int(A.shape[0]), int(A.shape[1]), treedef), leaves
