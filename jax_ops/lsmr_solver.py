@@ -38,6 +38,7 @@ fused into the reduction: free on a bandwidth-bound GPU); without x64 XLA's floa
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 import math
@@ -104,15 +105,17 @@ class _ColParams(NamedTuple):
 # ----------------------------------------------------------------------------------------------------------
 
 
-class _Spec:
+class _Spec(abc.ABC):
     m: int
     n: int
 
+    @abc.abstractmethod
     def mv(self, leaves, V, cp):
-        raise NotImplementedError
+        """A V for the block V [k, n] -> [k, m]."""
 
+    @abc.abstractmethod
     def rmv(self, leaves, U, cp):
-        raise NotImplementedError
+        """A^T U for the block U [k, m] -> [k, n]."""
 
     def mv_axpby(self, leaves, V, U, c, cp):
         """A V - c[:, None] * U."""

@@ -11,6 +11,46 @@
 namespace jax_ops::attention {
 namespace {
 
+// The forward inputs' device pointers (outputs left null for the caller to set).
+FwdPointers InputPointers(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                          const ffi::AnyBuffer& bias, const ffi::AnyBuffer& mask, const ffi::AnyBuffer& q_seqlen,
+                          const ffi::AnyBuffer& kv_seqlen) {
+  return FwdPointers{q.untyped_data(),
+                     k.untyped_data(),
+                     v.untyped_data(),
+                     bias.untyped_data(),
+                     static_cast<const bool*>(mask.untyped_data()),
+                     static_cast<const int32_t*>(q_seqlen.untyped_data()),
+                     static_cast<const int32_t*>(kv_seqlen.untyped_data()),
+                     nullptr,
+                     nullptr,
+                     bias.element_type() == ffi::DataType::F32};
+}
+
+// Grid dims y/z carry heads and batches.
+ffi::Error CheckGridLimits(const AttentionParams& p) {
+  JAX_OPS_CHECK_ARG(
+      p.num_heads <= 65535 && p.batch <= 65535,
+      "the CUDA attention kernel supports up to 65535 heads and batches; got N=" << p.num_heads << " B=" << p.batch);
+  return ffi::Error::Success();
+}
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls launch(TypeTag<__half | __nv_bfloat16>) for the kernel's two dtypes; CUDA errors become ffi::Error.
+template <typename Launch>
+ffi::Error WithHalfType(ffi::DataType dtype, Launch&& launch) {
+  return DispatchDType<ffi::DataType::F16, ffi::DataType::BF16>(
+      dtype, "q (the CUDA attention kernel takes float16 or bfloat16)", [&](auto tag) -> ffi::Error {
+        using T = std::conditional_t<decltype(tag)::value == ffi::DataType::F16, __half, __nv_bfloat16>;
+        JAX_OPS_RETURN_IF_CUDA_ERROR(launch(TypeTag<T>{}));
+        return ffi::Error::Success();
+      });
+}
+
 template <typename T>
 cudaError_t LaunchForHeadDim(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr) {
   switch (p.head_dim) {
@@ -42,25 +82,12 @@ ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
   const int64_t hd = p.head_dim;
   JAX_OPS_CHECK_ARG(hd == 32 || hd == 64 || hd == 96 || hd == 128 || hd == 256,
                     "the CUDA attention kernel supports head dims 32, 64, 96, 128, 256; got " << hd);
-  JAX_OPS_CHECK_ARG(
-      p.num_heads <= 65535 && p.batch <= 65535,
-      "the CUDA attention kernel supports up to 65535 heads and batches; got N=" << p.num_heads << " B=" << p.batch);
-  FwdPointers ptr{q.untyped_data(),
-                  k.untyped_data(),
-                  v.untyped_data(),
-                  bias.untyped_data(),
-                  static_cast<const bool*>(mask.untyped_data()),
-                  static_cast<const int32_t*>(q_seqlen.untyped_data()),
-                  static_cast<const int32_t*>(kv_seqlen.untyped_data()),
-                  o->untyped_data(),
-                  static_cast<float*>(lse->untyped_data()),
-                  bias.element_type() == ffi::DataType::F32};
-  return DispatchDType<ffi::DataType::F16, ffi::DataType::BF16>(
-      p.dtype, "q (the CUDA attention kernel takes float16 or bfloat16)", [&](auto tag) -> ffi::Error {
-        using T = std::conditional_t<decltype(tag)::value == ffi::DataType::F16, __half, __nv_bfloat16>;
-        JAX_OPS_RETURN_IF_CUDA_ERROR(LaunchForHeadDim<T>(stream, p, ptr));
-        return ffi::Error::Success();
-      });
+  JAX_OPS_RETURN_IF_ERROR(CheckGridLimits(p));
+  FwdPointers ptr = InputPointers(q, k, v, bias, mask, q_seqlen, kv_seqlen);
+  ptr.o = o->untyped_data();
+  ptr.lse = static_cast<float*>(lse->untyped_data());
+  return WithHalfType(p.dtype,
+                      [&](auto tag) { return LaunchForHeadDim<typename decltype(tag)::type>(stream, p, ptr); });
 }
 
 template <typename T>
@@ -99,29 +126,14 @@ ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
   const int64_t hd = p.head_dim;
   JAX_OPS_CHECK_ARG(hd == 32 || hd == 64 || hd == 96 || hd == 128,
                     "the CUDA attention backward supports head dims 32, 64, 96, 128; got " << hd);
-  JAX_OPS_CHECK_ARG(
-      p.num_heads <= 65535 && p.batch <= 65535,
-      "the CUDA attention kernel supports up to 65535 heads and batches; got N=" << p.num_heads << " B=" << p.batch);
-  FwdPointers ptr{q.untyped_data(),
-                  k.untyped_data(),
-                  v.untyped_data(),
-                  bias.untyped_data(),
-                  static_cast<const bool*>(mask.untyped_data()),
-                  static_cast<const int32_t*>(q_seqlen.untyped_data()),
-                  static_cast<const int32_t*>(kv_seqlen.untyped_data()),
-                  nullptr,
-                  nullptr,
-                  false};
+  JAX_OPS_RETURN_IF_ERROR(CheckGridLimits(p));
+  const FwdPointers ptr = InputPointers(q, k, v, bias, mask, q_seqlen, kv_seqlen);
   BwdPointers bp{o.untyped_data(),   static_cast<const float*>(lse.untyped_data()),
                  d_o.untyped_data(), dq->untyped_data(),
                  dk->untyped_data(), dv->untyped_data()};
   JAX_OPS_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(dbias->untyped_data(), 0, dbias->size_bytes(), stream));
-  return DispatchDType<ffi::DataType::F16, ffi::DataType::BF16>(
-      p.dtype, "q (the CUDA attention kernel takes float16 or bfloat16)", [&](auto tag) -> ffi::Error {
-        using T = std::conditional_t<decltype(tag)::value == ffi::DataType::F16, __half, __nv_bfloat16>;
-        JAX_OPS_RETURN_IF_CUDA_ERROR(LaunchBwdForHeadDim<T>(stream, p, ptr, bp));
-        return ffi::Error::Success();
-      });
+  return WithHalfType(p.dtype,
+                      [&](auto tag) { return LaunchBwdForHeadDim<typename decltype(tag)::type>(stream, p, ptr, bp); });
 }
 
 }  // namespace

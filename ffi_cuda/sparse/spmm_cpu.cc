@@ -124,21 +124,8 @@ ffi::Error CsrSpmmCpu(ffi::AnyBuffer indptr, ffi::AnyBuffer indices, ffi::AnyBuf
   return DispatchDType<ffi::DataType::F16, ffi::DataType::BF16, ffi::DataType::F32, ffi::DataType::F64>(
       shape->dtype, "values", [&](auto tag) -> ffi::Error {
         using C = Conv<decltype(tag)::value>;
-        SpmmArgs<typename C::T, typename C::Acc> a;
-        a.indptr = static_cast<const int32_t*>(indptr.untyped_data());
-        a.indices = static_cast<const int32_t*>(indices.untyped_data());
-        a.values = static_cast<const typename C::T*>(values.untyped_data());
-        a.b = static_cast<const typename C::T*>(b.untyped_data());
-        a.alpha = static_cast<const typename C::Acc*>(alpha.untyped_data());
-        a.beta = static_cast<const typename C::Acc*>(beta.untyped_data());
-        a.y = shape->has_y ? static_cast<const typename C::T*>(y.untyped_data()) : nullptr;
-        a.out = static_cast<typename C::T*>(out->untyped_data());
-        a.ws = static_cast<typename C::Acc*>(ws->untyped_data());
-        a.long_rows = static_cast<const int32_t*>(long_rows.untyped_data());
-        a.long_ptr = static_cast<const int32_t*>(long_ptr.untyped_data());
-        a.m = shape->m, a.k = shape->k, a.n = shape->n, a.nnz = shape->nnz;
-        a.num_long = shape->num_long, a.units = shape->units, a.chunk = shape->chunk;
-        a.algorithm = shape->algorithm, a.group = shape->group;
+        auto a = MakeSpmmArgs<typename C::T, typename C::Acc>(*shape, indptr, indices, values, b, alpha, beta, y,
+                                                              long_rows, long_ptr, *out, *ws);
         Run<C>(a);
         return ffi::Error::Success();
       });
@@ -148,18 +135,4 @@ ffi::Error CsrSpmmCpu(ffi::AnyBuffer indptr, ffi::AnyBuffer indices, ffi::AnyBuf
 }  // namespace jax_ops::sparse
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsSparseCsrSpmmCpu, jax_ops::sparse::CsrSpmmCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()  // indptr
-                                  .Arg<xla::ffi::AnyBuffer>()  // indices
-                                  .Arg<xla::ffi::AnyBuffer>()  // values
-                                  .Arg<xla::ffi::AnyBuffer>()  // b
-                                  .Arg<xla::ffi::AnyBuffer>()  // alpha
-                                  .Arg<xla::ffi::AnyBuffer>()  // beta
-                                  .Arg<xla::ffi::AnyBuffer>()  // y
-                                  .Arg<xla::ffi::AnyBuffer>()  // long_rows
-                                  .Arg<xla::ffi::AnyBuffer>()  // long_ptr
-                                  .Ret<xla::ffi::AnyBuffer>()  // out
-                                  .Ret<xla::ffi::AnyBuffer>()  // workspace
-                                  .Attr<int32_t>("algorithm")
-                                  .Attr<int32_t>("group")
-                                  .Attr<int64_t>("chunk"));
+                              JAX_OPS_CSR_SPMM_BINDING(xla::ffi::Ffi::Bind()));

@@ -49,21 +49,8 @@ ffi::Error CsrSpmmCuda(cudaStream_t stream, ffi::AnyBuffer indptr, ffi::AnyBuffe
       shape->dtype, "values", [&](auto tag) -> ffi::Error {
         using T = typename DeviceType<decltype(tag)::value>::T;
         using Acc = typename DeviceType<decltype(tag)::value>::Acc;
-        SpmmArgs<T, Acc> a;
-        a.indptr = static_cast<const int32_t*>(indptr.untyped_data());
-        a.indices = static_cast<const int32_t*>(indices.untyped_data());
-        a.values = static_cast<const T*>(values.untyped_data());
-        a.b = static_cast<const T*>(b.untyped_data());
-        a.alpha = static_cast<const Acc*>(alpha.untyped_data());
-        a.beta = static_cast<const Acc*>(beta.untyped_data());
-        a.y = shape->has_y ? static_cast<const T*>(y.untyped_data()) : nullptr;
-        a.out = static_cast<T*>(out->untyped_data());
-        a.ws = static_cast<Acc*>(ws->untyped_data());
-        a.long_rows = static_cast<const int32_t*>(long_rows.untyped_data());
-        a.long_ptr = static_cast<const int32_t*>(long_ptr.untyped_data());
-        a.m = shape->m, a.k = shape->k, a.n = shape->n, a.nnz = shape->nnz;
-        a.num_long = shape->num_long, a.units = shape->units, a.chunk = shape->chunk;
-        a.algorithm = shape->algorithm, a.group = shape->group;
+        auto a =
+            MakeSpmmArgs<T, Acc>(*shape, indptr, indices, values, b, alpha, beta, y, long_rows, long_ptr, *out, *ws);
         constexpr int64_t kVec = 16 / sizeof(T);
         const bool vec16 = shape->n > 1 && shape->n % kVec == 0 && Aligned16(a.b) && Aligned16(a.out) &&
                            (a.y == nullptr || Aligned16(a.y));
@@ -75,21 +62,7 @@ ffi::Error CsrSpmmCuda(cudaStream_t stream, ffi::AnyBuffer indptr, ffi::AnyBuffe
 }  // namespace
 }  // namespace jax_ops::sparse
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsSparseCsrSpmmCuda, jax_ops::sparse::CsrSpmmCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // indptr
-                                  .Arg<xla::ffi::AnyBuffer>()  // indices
-                                  .Arg<xla::ffi::AnyBuffer>()  // values
-                                  .Arg<xla::ffi::AnyBuffer>()  // b
-                                  .Arg<xla::ffi::AnyBuffer>()  // alpha
-                                  .Arg<xla::ffi::AnyBuffer>()  // beta
-                                  .Arg<xla::ffi::AnyBuffer>()  // y
-                                  .Arg<xla::ffi::AnyBuffer>()  // long_rows
-                                  .Arg<xla::ffi::AnyBuffer>()  // long_ptr
-                                  .Ret<xla::ffi::AnyBuffer>()  // out
-                                  .Ret<xla::ffi::AnyBuffer>()  // workspace
-                                  .Attr<int32_t>("algorithm")
-                                  .Attr<int32_t>("group")
-                                  .Attr<int64_t>("chunk"),
-                              {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxOpsSparseCsrSpmmCuda, jax_ops::sparse::CsrSpmmCuda,
+    JAX_OPS_CSR_SPMM_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});

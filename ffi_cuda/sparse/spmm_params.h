@@ -142,4 +142,46 @@ inline ffi::ErrorOr<SpmmShape> CheckSpmmArgs(const ffi::AnyBuffer& indptr, const
   return s;
 }
 
+// SpmmArgs over the buffers CheckSpmmArgs accepted, shared by both platforms (T/Acc: the platform's types).
+template <typename T, typename Acc>
+SpmmArgs<T, Acc> MakeSpmmArgs(const SpmmShape& s, const ffi::AnyBuffer& indptr, const ffi::AnyBuffer& indices,
+                              const ffi::AnyBuffer& values, const ffi::AnyBuffer& b, const ffi::AnyBuffer& alpha,
+                              const ffi::AnyBuffer& beta, const ffi::AnyBuffer& y, const ffi::AnyBuffer& long_rows,
+                              const ffi::AnyBuffer& long_ptr, ffi::AnyBuffer& out, ffi::AnyBuffer& ws) {
+  SpmmArgs<T, Acc> a;
+  a.indptr = static_cast<const int32_t*>(indptr.untyped_data());
+  a.indices = static_cast<const int32_t*>(indices.untyped_data());
+  a.values = static_cast<const T*>(values.untyped_data());
+  a.b = static_cast<const T*>(b.untyped_data());
+  a.alpha = static_cast<const Acc*>(alpha.untyped_data());
+  a.beta = static_cast<const Acc*>(beta.untyped_data());
+  a.y = s.has_y ? static_cast<const T*>(y.untyped_data()) : nullptr;
+  a.out = static_cast<T*>(out.untyped_data());
+  a.ws = static_cast<Acc*>(ws.untyped_data());
+  a.long_rows = static_cast<const int32_t*>(long_rows.untyped_data());
+  a.long_ptr = static_cast<const int32_t*>(long_ptr.untyped_data());
+  a.m = s.m, a.k = s.k, a.n = s.n, a.nnz = s.nnz;
+  a.num_long = s.num_long, a.units = s.units, a.chunk = s.chunk;
+  a.algorithm = s.algorithm, a.group = s.group;
+  return a;
+}
+
 }  // namespace jax_ops::sparse
+
+// FFI binding of jax_ops_sparse_csr_spmm for both platforms (the CUDA handler passes a Bind() with the stream):
+// inputs indptr, indices, values, b, alpha, beta, y, long_rows, long_ptr; results out, workspace; attributes.
+#define JAX_OPS_CSR_SPMM_BINDING(BIND) \
+  BIND.Arg<xla::ffi::AnyBuffer>()      \
+      .Arg<xla::ffi::AnyBuffer>()      \
+      .Arg<xla::ffi::AnyBuffer>()      \
+      .Arg<xla::ffi::AnyBuffer>()      \
+      .Arg<xla::ffi::AnyBuffer>()      \
+      .Arg<xla::ffi::AnyBuffer>()      \
+      .Arg<xla::ffi::AnyBuffer>()      \
+      .Arg<xla::ffi::AnyBuffer>()      \
+      .Arg<xla::ffi::AnyBuffer>()      \
+      .Ret<xla::ffi::AnyBuffer>()      \
+      .Ret<xla::ffi::AnyBuffer>()      \
+      .Attr<int32_t>("algorithm")      \
+      .Attr<int32_t>("group")          \
+      .Attr<int64_t>("chunk")
