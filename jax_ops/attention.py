@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 from typing import Any
 
 import jax
@@ -503,17 +502,10 @@ def _attention_fwd(cfg: _Config, q, k, v, bias, mask, qsl, kvsl):
 CUDA_BWD_HEAD_DIMS = (32, 64, 96, 128)
 
 
-# The CUDA backward kernel compiles and is wired up, but has not yet run on a GPU (the session that wrote it had
-# no device time left): it stays opt-in until `pytest -m gpu` (test_small_bwd_kernel_variants) has passed.
-CUDA_BWD_OPT_IN = "JAX_OPS_ATTENTION_CUDA_BWD"
-
-
 def _bwd_unsupported_reason(cfg: _Config, head_dim: int) -> str | None:
     """Why the backward kernel cannot run (None when it can): the explicit reference fallback's reason."""
     if jax.default_backend() != "gpu":
         return None
-    if os.environ.get(CUDA_BWD_OPT_IN) != "1":
-        return f"the CUDA attention backward is not yet validated on a GPU (opt in with {CUDA_BWD_OPT_IN}=1)"
     if BWD_TARGET not in _ffi.target_names("CUDA"):
         return "this build has no CUDA attention backward kernel (jax_ops_attention_bwd)"
     if cfg.has_bias:

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import jax_ops
-from jax_ops import attention
 
 pytestmark = pytest.mark.gpu
 
@@ -86,16 +85,14 @@ def test_small_bwd_gqa(dtype):
     ],
 )
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
-def test_small_bwd_kernel_variants(shape, kw, dtype, monkeypatch):
+def test_small_bwd_kernel_variants(shape, kw, dtype):
     # The CUDA backward (no bias) against the fp32 reference's gradients: GQA/MQA, T != S, windows, seq lengths
     # (padded query rows and keys get zero gradients), tails of every head dim it supports.
-    monkeypatch.setenv(attention.CUDA_BWD_OPT_IN, "1")
     run_case(shape, dtype, grads=True, **kw)
 
 
-def test_small_bwd_masked_rows_have_finite_zero_grads(monkeypatch):
+def test_small_bwd_masked_rows_have_finite_zero_grads():
     _needs_cuda_target()
-    monkeypatch.setenv(attention.CUDA_BWD_OPT_IN, "1")
     q, k, v = inputs(1, 8, 16, 2, 2, 64, jnp.bfloat16)
     mask = jnp.ones((1, 1, 8, 16), bool).at[0, 0, 3].set(False)
     f = lambda q, k, v: jnp.sum(jax_ops.dot_product_attention(q, k, v, mask=mask, implementation="ffi")
