@@ -59,11 +59,11 @@ def projection_matrix(n: int, angles: int, detectors: int, samples: int = 2) -> 
     return a
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size", type=int, default=96, help="image side in pixels")
     parser.add_argument("--damp", type=float, default=0.05)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     n = args.size
     a64 = projection_matrix(n, angles=2 * n, detectors=int(1.5 * n))
     truth = phantom(n).ravel()
@@ -111,6 +111,10 @@ def main() -> None:
         f"{'scipy':10s} {ref[1]:5d} {ref[2]:5d} {t_scipy * 1e3:7.1f}ms {err(ref[0]):18.4f} {res(ref[0]):11.5f}"
     )
     print(f"stop reason: {jax_ops.lsmr_solver.ISTOP_MESSAGES[int(out.istop)]}")
+    return {
+        "ours": (int(out.istop), int(out.itn), err(out.x), res(out.x)),
+        "scipy": (int(ref[1]), int(ref[2]), err(ref[0]), res(ref[0])),
+    }
 
 
 if __name__ == "__main__":

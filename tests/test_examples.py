@@ -40,3 +40,12 @@ def test_transformer_block_learns(extra):
         (ours, theirs) = results.values()
         # Same initial parameters and batches, attention equal to rounding: the curves coincide.
         assert abs(ours["losses"][-1] - theirs["losses"][-1]) <= 1e-3 * max(1.0, theirs["losses"][-1])
+
+
+def test_lsmr_tomography_matches_scipy():
+    example = _load("lsmr_tomography")
+    out = example.main(["--size", "24"])
+    (istop, itn, err, res), (istop_s, itn_s, _, res_s) = out["ours"], out["scipy"]
+    assert istop == istop_s and abs(itn - itn_s) <= max(1, 0.02 * itn_s)  # float32: itn within 2 %
+    assert abs(res - res_s) <= 1e-4 * res_s + 1e-6
+    assert err < 0.5  # a reconstruction, not noise
