@@ -52,7 +52,7 @@ STREAM_CAP = 4096
 _STREAM_ROWS = (8, 256)  # rows per CTA: a power of two in this range
 _VALUE_DTYPES = tuple(np.dtype(d) for d in (np.float16, jnp.bfloat16, np.float32, np.float64))
 _INT32_MAX = 2**31 - 1
-DEFAULT_SPLIT_CHUNK = 1024  # nnz per work unit of a long row
+DEFAULT_SPLIT_CHUNK = 256  # nnz per work unit of a long row (SpMV and SpMM: faster than 1024 on the H200)
 
 
 def _acc_dtype(dtype) -> np.dtype:
@@ -108,36 +108,32 @@ class Plan:
 
 
 def _vector_group(avg: float) -> int:
-    # About two nnz per lane (the SpMV kernel keeps two gathers in flight per lane).
-    return int(min(32, max(2, _next_pow2(avg / 2.0))))
-
-
-# Dense operands in this byte range fit the L1 cache of a kernel with no shared-memory stage but not beside the
-# stream kernel's 16 KB stages (8 CTAs/SM take 128 KB of the 256 KB L1/shared), so there the vector kernel's
-# gathers hit L1 and it wins. Measured on the H200 (docs/sparse.md): K = 23394 f32 (94 KB) 116 µs vector vs
-# 148 µs stream; K = 6177 f32 (24 KB) 42 vs 33; K >= 0.9M: stream equal or faster.
-_L1_RESIDENT_X_BYTES = (32 * 1024, 192 * 1024)
+    """Lanes per row G of the row-block SpMV kernel (SpmvRowsKernel) for rows of `avg` nnz, measured on the H200
+    (ffi_cuda/tools/spmv_bench.cu): few lanes per row, each with several rows and up to 8 loads in flight
+    (G = 1 with 8 steps per iteration; G >= 2 with 2 rows per lane and 4 steps), so rows fill the steps."""
+    if avg < 10:
+        return 1
+    if avg < 64:
+        return 4
+    if avg < 128:
+        return 8
+    if avg < 256:
+        return 16
+    return 32
 
 
 def choose_algorithm(profile: RowProfile | None, m: int, nnz: int, k: int = 0, itemsize: int = 4) -> str:
-    """The dispatch rule (docs/sparse.md): split for power-law/straggler rows, CTA-per-row for long uniform rows,
-    warp-per-row for medium rows; short rows take the stream kernel, unless the dense operand is L1-sized (see
-    _L1_RESIDENT_X_BYTES) or a row is too long to stage (then sub-warp vector groups). Without a profile (traced
-    input) the average row length, which is static, picks vector or warp."""
+    """The dispatch rule (docs/sparse.md): split for power-law/straggler rows (max > max(2048, 32 avg)); every
+    other matrix takes the row-block kernel ("vector") with G lanes per row from the average row length
+    (_vector_group; G = 32 is the old warp-per-row). Without a profile (traced input) the static average row
+    length picks the same way. ``cta`` and ``stream`` stay available when forced (measured slower on the H200)."""
+    del k, itemsize  # no longer part of the rule (the row-block kernel has no shared-memory stage)
     avg = nnz / m if m else 0.0
     if profile is None:
-        return "warp" if avg >= 48 else "vector"
-    avg = profile.avg
-    if profile.max > max(2048, 32 * avg):
+        return "warp" if avg >= 256 else "vector"
+    if profile.max > max(2048, 32 * profile.avg):
         return "split"
-    if avg >= 512 and profile.cv < 1.0:
-        return "cta"
-    if avg >= 48:
-        return "warp"
-    x_bytes = k * itemsize
-    if profile.max > STREAM_CAP // 8 or _L1_RESIDENT_X_BYTES[0] < x_bytes <= _L1_RESIDENT_X_BYTES[1]:
-        return "vector"
-    return "stream"
+    return "warp" if profile.avg >= 256 else "vector"
 
 
 def _stream_rows(indptr, m: int, nnz: int) -> int:
@@ -162,9 +158,12 @@ def _group_for(algorithm: str, profile: RowProfile | None, m: int, nnz: int) -> 
     if algorithm in ("warp", "cta"):
         return 32
     avg = profile.avg if profile is not None else (nnz / m if m else 0.0)
-    if algorithm == "split" and profile is not None:
-        # short rows only: their lengths are bounded by the chunk; use the p95 as the typical length
-        avg = min(avg, profile.p95)
+    if algorithm == "split":
+        # Short rows only (bounded by the chunk): from the p95, twice the uniform-row G, since a power-law's short
+        # rows vary widely (measured: G = 8 for the 1M power-law matrix; G = 4 was 7% slower).
+        if profile is not None:
+            avg = min(avg, profile.p95)
+        return min(32, 2 * _vector_group(avg))
     return _vector_group(avg)
 
 

@@ -112,10 +112,11 @@ def test_float64_every_algorithm(x64, algorithm):
 
 
 def test_profile_dispatch_rules():
-    # short uniform rows -> stream; power-law -> split; long uniform rows -> cta
+    # short rows -> row-block "vector" (G from the average row length); power-law -> split; long rows -> warp
     short = sparse.csr_pair(_bcsr(_random_csr(200, 200, 0.02, np.float32), np.float32))
-    assert short.plan.algorithm == "stream" and 2 <= short.plan.group <= 32
-    assert short.plan.chunk in (8, 16, 32, 64, 128, 256)
+    assert short.plan.algorithm == "vector" and short.plan.group == 1
+    medium = sparse.csr_pair(_bcsr(_random_csr(200, 400, 0.05, np.float32), np.float32))
+    assert medium.plan.algorithm == "vector" and medium.plan.group == 4
     m = 3000
     lens = np.ones(m, np.int64)
     lens[7] = 2999
@@ -126,8 +127,9 @@ def test_profile_dispatch_rules():
     x = _rand((m,), np.float32)
     ref = sp.csr_matrix((np.ones(indptr[-1]), cols, indptr), shape=(m, m)) @ np.asarray(x, np.float64)
     assert _rel(power.matvec(x), ref) < 1e-5
+    assert power.plan.chunk == sparse.DEFAULT_SPLIT_CHUNK and power.plan.group == 2
     dense_rows = sparse.csr_pair(sp.csr_matrix(np.ones((4, 1024), np.float32)))
-    assert dense_rows.plan.algorithm == "cta"
+    assert dense_rows.plan.algorithm == "warp" and dense_rows.plan.group == 32
 
 
 # -------------------------------------------------------------------------------------------- edge cases

@@ -1,16 +1,20 @@
 // CSR SpMV/SpMM kernels (contract in spmm_params.h). Included once per dtype by spmm_kernels_<dtype>.cu.
 //
 // Thread mappings (the plan is chosen in Python from the row profile, see jax_ops/sparse.py):
-//   SpmvGroupKernel<G>  N == 1: a group of G lanes (2..32; 32 = warp-per-row) per row, lanes stride the row's
-//                       nnz, xor-shuffle reduction inside the group, lane 0 writes y[r]. Short/medium rows.
+//   SpmvRowsKernel<G,U,S>  N == 1 (vector/warp and split's short rows): a warp owns U * 32/G consecutive rows,
+//                       G lanes (1..32) per row, U rows per lane, S steps of loads per iteration (U * S products
+//                       in flight per lane), next block's indptr prefetched. Config per G: RowsConfig.
+//   SpmvGroupKernel<G>  the previous N == 1 kernel (one row per group, 2 in flight); kept as the baseline of
+//                       ffi_cuda/tools/spmv_bench.cu, not launched by LaunchCsrSpmm.
 //   SpmvCtaKernel       N == 1: one 256-thread CTA per row, warp shuffles + fixed-order smem reduction.
 //   SpmmGroupKernel<G,VEC>  N > 1: a group of G lanes owns (row, column tile of G*VEC columns); every lane holds
 //                       VEC register accumulators for VEC adjacent columns (16-byte loads of B/y/out rows when
 //                       aligned). The group loads G (col, value) pairs at once, one per lane, and broadcasts
 //                       them with shuffles, so index/value reads are coalesced and amortised over the tile.
 //   split               rows longer than `chunk` are skipped by the kernels above (pass 1), cut into units of
-//                       `chunk` nnz processed by the same kernels in unit mode (pass 2, partials into the
-//                       workspace) and summed in unit order by FixupKernel (pass 3). No atomics anywhere.
+//                       `chunk` nnz (pass 2: SpmvUnitKernel for N == 1, SpmmGroupKernel in unit mode for N > 1,
+//                       partials into the workspace) and summed by SpmvFixupKernel (N == 1: lane l sums units
+//                       l, l+32, ... then a fixed xor tree) or SplitFixupKernel (N > 1: unit order). No atomics.
 // x/B, values and indices are read through the read-only path (__ldg). Positions and output offsets are 64-bit.
 #pragma once
 
@@ -248,6 +252,152 @@ __global__ void __launch_bounds__(kThreads) SpmvStreamKernel(SpmmArgs<T, Acc> a)
   if (r < r1 && lane == 0) StoreOut(a, r, 0, acc);
 }
 
+// Row-block SpMV (N == 1), the short/medium-row workhorse: a warp owns kRows = U * 32/G consecutive rows; group
+// g (G lanes) of it owns rows base + u * 32/G + g for u < U, so each lane has U independent rows and 2 * U
+// (column, value, x) loads in flight per step instead of 2, and every load instruction of the warp reads
+// 32/G adjacent rows (coalesced). The block's indptr is read with one coalesced load per 32 rows and the next
+// block's indptr is prefetched while the current block runs (grid-stride over blocks). Under split, rows longer
+// than `chunk` are skipped here (SpmvUnitKernel + SpmvFixupKernel own them). kHint: read indices/values with the
+// streaming (evict-first) hint so the gathered x stays in L2.
+template <bool kHint, typename T>
+__device__ __forceinline__ T LdStream(const T* p) {
+  if constexpr (kHint)
+    return __ldcs(p);
+  else
+    return __ldg(p);
+}
+
+template <typename T, typename Acc, int G, int U, int S, bool kHint, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) SpmvRowsKernel(SpmmArgs<T, Acc> a) {
+  constexpr int kGroups = 32 / G;
+  constexpr int kRows = U * kGroups;
+  constexpr int kRounds = (kRows + 31) / 32;
+  const int lane = threadIdx.x & 31;
+  const int grp = lane / G, lg = lane & (G - 1);
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t nwarps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const int64_t blocks = (a.m + kRows - 1) / kRows;
+  const uint32_t k = static_cast<uint32_t>(a.k);
+  const bool split = a.algorithm == kSplit;
+  // raw indptr of rows base + 32 t + lane and the next one (clamped to M so the loads stay in bounds)
+  int32_t lo[kRounds], hi[kRounds];
+  auto load_ptr = [&](int64_t blk) {
+#pragma unroll
+    for (int t = 0; t < kRounds; ++t) {
+      const int64_t r = min(blk * kRows + 32 * t + lane, a.m);
+      lo[t] = __ldg(a.indptr + r);
+      hi[t] = __ldg(a.indptr + min(r + 1, a.m));
+    }
+  };
+  if (warp < blocks) load_ptr(warp);
+  for (int64_t blk = warp; blk < blocks; blk += nwarps) {
+    const int64_t base = blk * kRows;
+    // Clamped row ranges [s, e) (positions < 2^31 fit int32); e = -1 marks a row not written by this kernel.
+    int32_t rs[kRounds], re[kRounds];
+#pragma unroll
+    for (int t = 0; t < kRounds; ++t) {
+      const int64_t r = base + 32 * t + lane;
+      const int64_t s = min(max(static_cast<int64_t>(lo[t]), int64_t{0}), a.nnz);
+      const int64_t e = min(max(static_cast<int64_t>(hi[t]), s), a.nnz);
+      const bool own = r < a.m && !(split && e - s > a.chunk);
+      rs[t] = static_cast<int32_t>(s);
+      re[t] = own ? static_cast<int32_t>(e) : -1;
+    }
+    if (blk + nwarps < blocks) load_ptr(blk + nwarps);  // prefetch: in flight while this block runs
+    int32_t s[U], e[U];
+    int64_t len_max = 0;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j0 = u * kGroups;  // row index of group 0's slot u in the block; j0 / 32 is compile-time
+      s[u] = __shfl_sync(0xffffffffu, rs[j0 / 32], (j0 & 31) + grp);
+      e[u] = __shfl_sync(0xffffffffu, re[j0 / 32], (j0 & 31) + grp);
+      len_max = max(len_max, static_cast<int64_t>(e[u]) - s[u]);
+    }
+    Acc acc[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc[u] = 0;
+    for (int64_t off = lg; off < len_max; off += S * G) {
+      int c[U][S];
+      Acc v[U][S];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int h = 0; h < S; ++h) {
+          const int64_t o = off + h * G;
+          const bool in = o < static_cast<int64_t>(e[u]) - s[u];
+          const int64_t p = s[u] + o;
+          c[u][h] = in ? LdStream<kHint>(a.indices + p) : -1;
+          v[u][h] = in ? ToAcc(LdStream<kHint>(a.values + p)) : Acc(0);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int h = 0; h < S; ++h)
+          if (static_cast<uint32_t>(c[u][h]) < k) acc[u] += v[u][h] * ToAcc(Ld(a.b + c[u][h]));
+      }
+    }
+    const unsigned mask = GroupMask<G>();
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const Acc total = GroupSum<G>(acc[u], mask);
+      if (lg == u % G && e[u] >= 0) StoreOut(a, base + u * kGroups + grp, 0, total);
+    }
+  }
+}
+
+// Split pass 2 for N == 1: one warp per work unit (`chunk` nnz of a long row), 4 products in flight per lane.
+// (A variant with contiguous unit ranges per warp, 8 in flight and the streaming hint measured 3% slower on the
+// power-law matrix.)
+template <typename T, typename Acc, bool kHint>
+__global__ void __launch_bounds__(kThreads) SpmvUnitKernel(SpmmArgs<T, Acc> a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t nwarps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const int64_t items = UnitsTotal(a);
+  const uint32_t k = static_cast<uint32_t>(a.k);
+  for (int64_t item = warp; item < items; item += nwarps) {
+    int64_t r, s, e;
+    if (!ItemRange(a, item, true, &r, &s, &e)) continue;
+    Acc acc[4] = {0, 0, 0, 0};
+    for (int64_t p = s + lane; p < e; p += 4 * 32) {
+      int c[4];
+      Acc v[4];
+#pragma unroll
+      for (int h = 0; h < 4; ++h) {
+        const int64_t q = p + h * 32;
+        c[h] = q < e ? LdStream<kHint>(a.indices + q) : -1;
+        v[h] = q < e ? ToAcc(LdStream<kHint>(a.values + q)) : Acc(0);
+      }
+#pragma unroll
+      for (int h = 0; h < 4; ++h)
+        if (static_cast<uint32_t>(c[h]) < k) acc[h] += v[h] * ToAcc(Ld(a.b + c[h]));
+    }
+    const Acc total = GroupSum<32>((acc[0] + acc[1]) + (acc[2] + acc[3]), 0xffffffffu);
+    if (lane == 0) a.ws[item] = total;
+  }
+}
+
+// Split pass 3 for N == 1: one warp per long row; lane l sums units l, l + 32, ... in order, then a fixed xor
+// tree (deterministic; a different rounding order than the CPU twin's sequential unit sum).
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kThreads) SpmvFixupKernel(SpmmArgs<T, Acc> a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t nwarps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
+  const int64_t total = UnitsTotal(a);
+  for (int64_t i = warp; i < a.num_long; i += nwarps) {
+    const int64_t r = __ldg(a.long_rows + i);
+    const int64_t u0 = min(max(static_cast<int64_t>(__ldg(a.long_ptr + i)), int64_t{0}), total);
+    const int64_t u1 = min(max(static_cast<int64_t>(__ldg(a.long_ptr + i + 1)), u0), total);
+    if (r < 0 || r >= a.m || u1 <= u0) continue;
+    Acc acc = 0;
+    for (int64_t u = u0 + lane; u < u1; u += 32) acc += a.ws[u];
+    acc = GroupSum<32>(acc, 0xffffffffu);
+    if (lane == 0) StoreOut(a, r, 0, acc);
+  }
+}
+
 // VEC adjacent elements of a row of B (16-byte load when VEC > 1; the caller guarantees alignment).
 template <typename T, typename Acc, int VEC>
 __device__ __forceinline__ void LoadVec(const T* p, Acc (&v)[VEC]) {
@@ -351,6 +501,27 @@ __global__ void __launch_bounds__(kThreads) SplitFixupKernel(SpmmArgs<T, Acc> a)
   }
 }
 
+// Production configuration of SpmvRowsKernel per G (lanes per row), measured on the H200 with
+// ffi_cuda/tools/spmv_bench.cu: U rows per lane, S steps per iteration, streaming hint, min CTAs per SM.
+// G = 1 (rows of < 10): U = 1, S = 8 with 6 CTAs/SM; otherwise U = 2, S = 4 with the streaming hint.
+template <int G>
+struct RowsConfig {
+  static constexpr int kU = G == 1 ? 1 : 2;
+  static constexpr int kS = G == 1 ? 8 : 4;
+  static constexpr bool kHint = G != 1;
+  static constexpr int kMinBlocks = G == 1 ? 6 : 1;
+};
+
+// Warp-blocks of SpmvRowsKernel<G, U> over the rows; `max_ctas` caps the grid (grid-stride beyond it).
+template <typename T, typename Acc, int G, int U, int S, bool kHint, int kMinBlocks = 1>
+cudaError_t LaunchSpmvRows(cudaStream_t stream, const SpmmArgs<T, Acc>& a, int64_t max_ctas) {
+  constexpr int64_t kRows = int64_t{U} * (32 / G);
+  const int64_t warps = (a.m + kRows - 1) / kRows;
+  const int64_t ctas = std::max<int64_t>(1, std::min<int64_t>(max_ctas, (warps * 32 + kThreads - 1) / kThreads));
+  SpmvRowsKernel<T, Acc, G, U, S, kHint, kMinBlocks><<<static_cast<unsigned>(ctas), kThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
 template <typename F>
 cudaError_t WithGroup(int g, F&& f) {
   switch (g) {
@@ -394,14 +565,21 @@ cudaError_t LaunchCsrSpmm(cudaStream_t stream, const SpmmArgs<T, Acc>& a, bool v
     } else if (a.algorithm == kCta) {
       SpmvCtaKernel<T, Acc><<<static_cast<unsigned>(std::min<int64_t>(a.m, max_blocks)), kThreads, 0, stream>>>(a);
     } else {
-      err = WithGroup(a.group, [&](auto g) {
+      auto rows = [&](auto g) {
         constexpr int G = decltype(g)::value;
-        SpmvGroupKernel<T, Acc, G><<<blocks_for(a.m * G), kThreads, 0, stream>>>(a, false);
-        return cudaGetLastError();
-      });
+        using C = RowsConfig<G>;
+        return LaunchSpmvRows<T, Acc, G, C::kU, C::kS, C::kHint, C::kMinBlocks>(stream, a, max_blocks);
+      };
+      err = a.group == 1 ? rows(std::integral_constant<int, 1>{}) : WithGroup(a.group, rows);
       if (err != cudaSuccess) return err;
     }
-    if (split) SpmvGroupKernel<T, Acc, 32><<<blocks_for(a.units * 32), kThreads, 0, stream>>>(a, true);
+    if (split) {
+      SpmvUnitKernel<T, Acc, false><<<blocks_for(a.units * 32), kThreads, 0, stream>>>(a);
+      err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+      SpmvFixupKernel<T, Acc><<<blocks_for(a.num_long * 32), kThreads, 0, stream>>>(a);
+    }
+    return cudaGetLastError();
   } else {
     constexpr int kVec16 = static_cast<int>(16 / sizeof(T));
     const int vec = vec16 ? kVec16 : 1;

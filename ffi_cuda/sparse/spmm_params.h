@@ -17,8 +17,10 @@
 // Split algorithm: rows longer than `chunk` are "long" and listed in long_rows (ascending work-unit offsets in
 // long_ptr: long row i owns units [long_ptr[i], long_ptr[i+1]), unit k of it covers nnz
 // [s + k*chunk, min(e, s + (k+1)*chunk))). Pass 1 handles the short rows; pass 2 writes one partial per unit
-// into the workspace (W >= units * N); pass 3 sums each long row's partials in unit order and applies the
-// epilogue. Python builds long_rows/long_ptr from the same indptr. Units past long_ptr[L] are skipped.
+// into the workspace (W >= units * N); pass 3 sums each long row's partials in a fixed order (unit order for
+// N > 1; for N == 1 lane l of a warp sums units l, l + 32, ... and a fixed xor tree combines the lanes) and applies
+// the epilogue. group: lanes per row of the N == 1 row-block kernel, a power of two in [1, 32]. Python builds
+// long_rows/long_ptr from the same indptr. Units past long_ptr[L] are skipped.
 #pragma once
 
 #include <cstdint>

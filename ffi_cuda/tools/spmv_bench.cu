@@ -1,0 +1,901 @@
+// Standalone SpMV tuning bench (no Python): the suite's matrices of jax_ops/bench/sparse.py generated in C++
+// (same shapes and row profiles, seeded), every candidate plan of the real kernels (spmm_kernels_impl.cuh) and
+// cuSPARSE (cusparseSpMV, CSR, ALG_DEFAULT and CSR_ALG2), CUDA-event timing (median of 7 runs of `reps`
+// launches), each result checked against a float64 CPU reference with the output poisoned (NaN) first.
+// Build here, carry the binary, run on the GPU machine (LD_LIBRARY_PATH: the folder of libcusparse.so.12):
+//   CU=$(python3 -c "import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))")/nvidia/cu13
+//   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -cudart static \
+//     -I ffi_cuda -isystem $(python3 -c "import jax.ffi as f; print(f.include_dir())") -isystem $CU/include \
+//     ffi_cuda/tools/spmv_bench.cu -o spmv_bench -L $CU/lib -l:libcusparse.so.12
+// Usage: spmv_bench [--small] [--quick] [--csv FILE]
+//   --small: only the small every-path correctness checks (all dtypes, N = 1 and SpMM), e.g. under
+//            compute-sanitizer; --quick: no parameter sweeps, only the dispatched plan and cuSPARSE.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cusparse.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sparse/spmm_kernels_impl.cuh"
+
+using namespace jax_ops::sparse;
+
+#define CHECK(x)                                                                           \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+#define CHECK_SP(x)                                                             \
+  do {                                                                          \
+    cusparseStatus_t s_ = (x);                                                  \
+    if (s_ != CUSPARSE_STATUS_SUCCESS) {                                        \
+      std::printf("cuSPARSE error %d at %s:%d\n", int(s_), __FILE__, __LINE__); \
+      std::exit(1);                                                             \
+    }                                                                           \
+  } while (0)
+
+// ------------------------------------------------------------------------------------------------ matrices
+struct Csr {
+  std::string name;
+  int64_t m = 0, k = 0;
+  std::vector<int32_t> indptr, indices;
+  std::vector<float> values;
+  int64_t nnz() const { return static_cast<int64_t>(indices.size()); }
+};
+
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 12345) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return (next() >> 11) * (1.0 / 9007199254740992.0); }
+  int32_t below(int64_t n) { return static_cast<int32_t>(next() % static_cast<uint64_t>(n)); }
+};
+
+static void FillValues(Csr& a, Rng& rng) {
+  a.values.resize(a.indices.size());
+  for (auto& v : a.values) v = static_cast<float>(rng.uniform() * 2.0 - 1.0);
+}
+
+static Csr FromLens(std::string name, int64_t m, int64_t k, const std::vector<int64_t>& lens, Rng& rng, bool sort) {
+  Csr a;
+  a.name = std::move(name);
+  a.m = m, a.k = k;
+  a.indptr.resize(m + 1);
+  int64_t p = 0;
+  for (int64_t r = 0; r < m; ++r) a.indptr[r] = static_cast<int32_t>(p), p += lens[r];
+  a.indptr[m] = static_cast<int32_t>(p);
+  a.indices.resize(p);
+  for (auto& c : a.indices) c = rng.below(k);
+  if (sort)
+    for (int64_t r = 0; r < m; ++r) std::sort(a.indices.begin() + a.indptr[r], a.indices.begin() + a.indptr[r + 1]);
+  FillValues(a, rng);
+  return a;
+}
+
+static Csr Uniform(int64_t m, int64_t k, int per_row) {
+  Rng rng(0);
+  return FromLens("uniform " + std::to_string(m / 1000000) + "M 16/row", m, k, std::vector<int64_t>(m, per_row), rng,
+                  true);
+}
+
+static Csr PowerLaw(int64_t m, int64_t k, double scale = 4.0, double shape = 1.2, int64_t max_len = 200000) {
+  Rng rng(1);
+  std::vector<int64_t> lens(m);
+  for (auto& l : lens) {
+    const double u = 1.0 - rng.uniform();  // (0, 1]
+    const double lomax = std::pow(u, -1.0 / shape) - 1.0;
+    l = static_cast<int64_t>(std::min((lomax + 1.0) * scale, static_cast<double>(max_len)));
+  }
+  return FromLens("power-law 1M", m, k, lens, rng, false);
+}
+
+static Csr Poisson(std::vector<int64_t> dims) {
+  Rng rng(2);
+  Csr a;
+  a.name = dims.size() == 2 ? "poisson2d 2048^2" : "poisson3d 128^3";
+  int64_t n = 1;
+  for (auto d : dims) n *= d;
+  a.m = a.k = n;
+  std::vector<int64_t> strides(dims.size(), 1);
+  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * dims[i + 1];
+  a.indptr.assign(n + 1, 0);
+  a.indices.reserve(n * (2 * dims.size() + 1));
+  std::vector<int64_t> coord(dims.size());
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t rem = i;
+    for (size_t d = 0; d < dims.size(); ++d) coord[d] = rem / strides[d], rem %= strides[d];
+    // negative offsets (largest stride first), centre, positive offsets (smallest stride first): sorted columns
+    for (size_t d = 0; d < dims.size(); ++d)
+      if (coord[d] > 0) a.indices.push_back(static_cast<int32_t>(i - strides[d]));
+    a.indices.push_back(static_cast<int32_t>(i));
+    for (int d = static_cast<int>(dims.size()) - 1; d >= 0; --d)
+      if (coord[d] + 1 < dims[d]) a.indices.push_back(static_cast<int32_t>(i + strides[d]));
+    a.indptr[i + 1] = static_cast<int32_t>(a.indices.size());
+  }
+  FillValues(a, rng);
+  return a;
+}
+
+static Csr Lsq(int64_t m, int64_t k, double avg, uint64_t seed = 3) {
+  Rng rng(seed);
+  std::mt19937_64 gen(seed);
+  std::poisson_distribution<int64_t> pois(avg);
+  std::vector<int64_t> lens(m);
+  for (auto& l : lens) l = std::clamp<int64_t>(pois(gen), 1, k);
+  return FromLens("lsq " + std::to_string(m) + "x" + std::to_string(k), m, k, lens, rng, false);
+}
+
+static Csr BundleAdjustment(int64_t n_obs, int64_t n_cams, int64_t n_pts) {
+  Rng rng(4);
+  Csr a;
+  a.name = "bundle-adj 1M obs";
+  a.m = 2 * n_obs, a.k = n_cams * 9 + n_pts * 3;
+  a.indptr.resize(a.m + 1);
+  a.indices.resize(a.m * 12);
+  for (int64_t o = 0; o < n_obs; ++o) {
+    const int64_t cam = rng.below(n_cams), pt = rng.below(n_pts);
+    for (int rr = 0; rr < 2; ++rr) {
+      int32_t* c = &a.indices[(2 * o + rr) * 12];
+      for (int j = 0; j < 9; ++j) c[j] = static_cast<int32_t>(cam * 9 + j);
+      for (int j = 0; j < 3; ++j) c[9 + j] = static_cast<int32_t>(n_cams * 9 + pt * 3 + j);
+    }
+  }
+  for (int64_t r = 0; r <= a.m; ++r) a.indptr[r] = static_cast<int32_t>(r * 12);
+  FillValues(a, rng);
+  return a;
+}
+
+// Power-law test matrix of tests/test_sparse_gpu.py::_power_law (small every-path checks).
+static Csr SmallPowerLaw(int64_t m, int64_t k, int64_t max_len, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int64_t> lens(m);
+  for (auto& l : lens) {
+    const double lomax = std::pow(1.0 - rng.uniform(), -1.0 / 1.3) - 1.0;
+    l = static_cast<int64_t>(std::min((lomax + 1.0) * 2.0, static_cast<double>(max_len)));
+  }
+  lens[m / 3] = max_len;
+  Csr a = FromLens("small power-law", m, k, lens, rng, false);
+  for (int i = 0; i < 5 && a.nnz() > 10; ++i)
+    a.indices[rng.below(a.nnz())] = (i & 1) ? -3 : static_cast<int32_t>(k + 7);
+  return a;
+}
+
+static Csr Transpose(const Csr& a) {
+  Csr t;
+  t.name = a.name;
+  t.m = a.k, t.k = a.m;
+  t.indptr.assign(t.m + 1, 0);
+  for (int32_t c : a.indices)
+    if (c >= 0 && c < a.k) t.indptr[c + 1]++;
+  for (int64_t i = 0; i < t.m; ++i) t.indptr[i + 1] += t.indptr[i];
+  t.indices.resize(t.indptr[t.m]);
+  t.values.resize(t.indptr[t.m]);
+  std::vector<int32_t> pos(t.indptr.begin(), t.indptr.end() - 1);
+  for (int64_t r = 0; r < a.m; ++r)
+    for (int32_t p = a.indptr[r]; p < a.indptr[r + 1]; ++p) {
+      const int32_t c = a.indices[p];
+      if (c < 0 || c >= a.k) continue;
+      t.indices[pos[c]] = static_cast<int32_t>(r);
+      t.values[pos[c]++] = a.values[p];
+    }
+  return t;
+}
+
+struct Profile {
+  double avg = 0, p95 = 0, cv = 0;
+  int64_t max = 0;
+};
+
+static Profile ProfileOf(const Csr& a) {
+  Profile p;
+  std::vector<int64_t> lens(a.m);
+  double sum = 0, sq = 0;
+  for (int64_t r = 0; r < a.m; ++r) {
+    lens[r] = a.indptr[r + 1] - a.indptr[r];
+    sum += lens[r], sq += double(lens[r]) * lens[r];
+    p.max = std::max(p.max, lens[r]);
+  }
+  p.avg = a.m ? sum / a.m : 0;
+  p.cv = p.avg > 0 ? std::sqrt(std::max(0.0, sq / a.m - p.avg * p.avg)) / p.avg : 0;
+  if (a.m) {
+    std::nth_element(lens.begin(), lens.begin() + static_cast<int64_t>(0.95 * (a.m - 1)), lens.end());
+    p.p95 = static_cast<double>(lens[static_cast<int64_t>(0.95 * (a.m - 1))]);
+  }
+  return p;
+}
+
+static std::vector<double> Reference(const Csr& a, const std::vector<float>& x) {
+  std::vector<double> y(a.m, 0.0);
+  for (int64_t r = 0; r < a.m; ++r) {
+    double s = 0;
+    for (int32_t p = a.indptr[r]; p < a.indptr[r + 1]; ++p) {
+      const int32_t c = a.indices[p];
+      if (c >= 0 && c < a.k) s += double(a.values[p]) * x[c];
+    }
+    y[r] = s;
+  }
+  return y;
+}
+
+// ---------------------------------------------------------------------------------------------- device side
+struct DevCsr {
+  int32_t *indptr = nullptr, *indices = nullptr;
+  float* values = nullptr;
+  int64_t m = 0, k = 0, nnz = 0;
+};
+
+static DevCsr Upload(const Csr& a) {
+  DevCsr d;
+  d.m = a.m, d.k = a.k, d.nnz = a.nnz();
+  CHECK(cudaMalloc(&d.indptr, (a.m + 1) * 4));
+  CHECK(cudaMalloc(&d.indices, std::max<int64_t>(1, d.nnz) * 4));
+  CHECK(cudaMalloc(&d.values, std::max<int64_t>(1, d.nnz) * 4));
+  CHECK(cudaMemcpy(d.indptr, a.indptr.data(), (a.m + 1) * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d.indices, a.indices.data(), d.nnz * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(d.values, a.values.data(), d.nnz * 4, cudaMemcpyHostToDevice));
+  return d;
+}
+
+static void Free(DevCsr& d) {
+  cudaFree(d.indptr), cudaFree(d.indices), cudaFree(d.values);
+  d = DevCsr{};
+}
+
+template <typename F>
+static double MedianUs(F&& launch, int reps) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) launch();
+  std::vector<float> t;
+  for (int r = 0; r < 7; ++r) {
+    CHECK(cudaEventRecord(a));
+    for (int i = 0; i < reps; ++i) launch();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1e3f / reps);
+  }
+  CHECK(cudaGetLastError());
+  cudaEventDestroy(a), cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+__global__ void CopyKernel(const float4* __restrict__ in, float4* __restrict__ out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = in[i];
+}
+
+// Everything one SpMV case needs: the matrix on the device, x, y, alpha/beta, the split lists and workspace.
+struct Case {
+  const Csr* host = nullptr;
+  DevCsr d;
+  float *x = nullptr, *y = nullptr, *alpha = nullptr, *beta = nullptr, *ws = nullptr;
+  int32_t *long_rows = nullptr, *long_ptr = nullptr;
+  int64_t num_long = 0, units = 0;
+  std::vector<float> hx;
+  std::vector<double> ref;
+  double bytes = 0;
+  int sms = 0;
+};
+
+static SpmmArgs<float, float> BaseArgs(const Case& c) {
+  SpmmArgs<float, float> a;
+  a.indptr = c.d.indptr, a.indices = c.d.indices, a.values = c.d.values, a.b = c.x;
+  a.alpha = c.alpha, a.beta = c.beta, a.y = nullptr, a.out = c.y, a.ws = c.ws;
+  a.long_rows = c.long_rows, a.long_ptr = c.long_ptr;
+  a.m = c.d.m, a.k = c.d.k, a.n = 1, a.nnz = c.d.nnz;
+  return a;
+}
+
+// Long-row lists of the split algorithm for `chunk` (host, as jax_ops.sparse._long_rows_host).
+static void SetSplit(Case& c, int64_t chunk) {
+  cudaFree(c.long_rows), cudaFree(c.long_ptr), cudaFree(c.ws);
+  std::vector<int32_t> rows, ptr{0};
+  for (int64_t r = 0; r < c.host->m; ++r) {
+    const int64_t len = c.host->indptr[r + 1] - c.host->indptr[r];
+    if (len > chunk) rows.push_back(static_cast<int32_t>(r)), ptr.push_back(ptr.back() + (len + chunk - 1) / chunk);
+  }
+  c.num_long = static_cast<int64_t>(rows.size());
+  c.units = ptr.back();
+  CHECK(cudaMalloc(&c.long_rows, std::max<size_t>(1, rows.size()) * 4));
+  CHECK(cudaMalloc(&c.long_ptr, ptr.size() * 4));
+  CHECK(cudaMalloc(&c.ws, std::max<int64_t>(1, c.units) * 4));
+  if (!rows.empty()) CHECK(cudaMemcpy(c.long_rows, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(c.long_ptr, ptr.data(), ptr.size() * 4, cudaMemcpyHostToDevice));
+}
+
+static bool Verify(Case& c, const std::function<void()>& launch, double* err_out) {
+  CHECK(cudaMemset(c.y, 0xFF, c.d.m * 4));  // NaN
+  launch();
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  std::vector<float> out(c.d.m);
+  CHECK(cudaMemcpy(out.data(), c.y, c.d.m * 4, cudaMemcpyDeviceToHost));
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < c.d.m; ++i) {
+    if (!std::isfinite(out[i])) {
+      *err_out = INFINITY;
+      return false;
+    }
+    num += (out[i] - c.ref[i]) * (out[i] - c.ref[i]);
+    den += c.ref[i] * c.ref[i];
+  }
+  *err_out = std::sqrt(num / std::max(den, 1e-300));
+  return *err_out < 1e-5;
+}
+
+struct Result {
+  std::string plan;
+  double us = 0, err = 0;
+  bool ok = false;
+};
+
+static int Reps(const Case& c) { return c.bytes > 1e8 ? 20 : 100; }
+
+static Result Measure(Case& c, const std::string& plan, const std::function<void()>& launch) {
+  Result r;
+  r.plan = plan;
+  r.ok = Verify(c, launch, &r.err);
+  r.us = MedianUs(launch, Reps(c));
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------- candidates
+template <int G, int U, int S, bool H, int MB>
+static void RowsLaunch(const SpmmArgs<float, float>& a, int64_t cap) {
+  CHECK((LaunchSpmvRows<float, float, G, U, S, H, MB>(nullptr, a, cap)));
+}
+
+using RowsFn = void (*)(const SpmmArgs<float, float>&, int64_t);
+// (G, U, S, hint, min blocks) -> launcher; U * S <= 16.
+template <int G, bool H, int MB>
+static RowsFn RowsGHM(int u, int s) {
+  if (u == 1)
+    return s == 2 ? &RowsLaunch<G, 1, 2, H, MB> : s == 4 ? &RowsLaunch<G, 1, 4, H, MB> : &RowsLaunch<G, 1, 8, H, MB>;
+  if (u == 2)
+    return s == 2 ? &RowsLaunch<G, 2, 2, H, MB> : s == 4 ? &RowsLaunch<G, 2, 4, H, MB> : &RowsLaunch<G, 2, 8, H, MB>;
+  return s == 2 ? &RowsLaunch<G, 4, 2, H, MB> : &RowsLaunch<G, 4, 4, H, MB>;
+}
+template <bool H, int MB>
+static RowsFn RowsHM(int g, int u, int s) {
+  switch (g) {
+    case 1:
+      return RowsGHM<1, H, MB>(u, s);
+    case 2:
+      return RowsGHM<2, H, MB>(u, s);
+    case 4:
+      return RowsGHM<4, H, MB>(u, s);
+    case 8:
+      return RowsGHM<8, H, MB>(u, s);
+    case 16:
+      return RowsGHM<16, H, MB>(u, s);
+    default:
+      return RowsGHM<32, H, MB>(u, s);
+  }
+}
+static RowsFn Rows(int g, int u, int s, bool hint, bool occ) {
+  if (occ) return hint ? RowsHM<true, 6>(g, u, s) : RowsHM<false, 6>(g, u, s);
+  return hint ? RowsHM<true, 1>(g, u, s) : RowsHM<false, 1>(g, u, s);
+}
+
+static int NextPow2Host(double v) {
+  int p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+static int VectorGroup(double avg) { return std::min(32, std::max(2, NextPow2Host(avg / 2.0))); }
+
+// Rows per CTA of the previous stream plan (jax_ops.sparse._stream_rows).
+static int64_t StreamRows(const Csr& a) {
+  const double avg = a.m ? double(a.nnz()) / a.m : 0;
+  int64_t rows = 256;
+  while (rows > 8 && rows * std::max(avg, 1.0) > 2048) rows /= 2;
+  while (rows > 8) {
+    int64_t worst = 0;
+    for (int64_t r0 = 0; r0 < a.m; r0 += rows)
+      worst = std::max<int64_t>(worst, a.indptr[std::min(r0 + rows, a.m)] - a.indptr[r0]);
+    if (worst <= 4096) break;
+    rows /= 2;
+  }
+  return rows;
+}
+
+// The previous dispatch (docs/sparse.md before this change), run with the previous kernels.
+static Result OldPlan(Case& c) {
+  const Csr& h = *c.host;
+  const Profile p = ProfileOf(h);
+  SpmmArgs<float, float> a = BaseArgs(c);
+  const int64_t cap = int64_t{c.sms} * 64;
+  auto blocks_for = [&](int64_t threads) {
+    return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(cap, (threads + 255) / 256)));
+  };
+  std::string alg;
+  if (p.max > std::max(2048.0, 32 * p.avg))
+    alg = "split";
+  else if (p.avg >= 512 && p.cv < 1)
+    alg = "cta";
+  else if (p.avg >= 48)
+    alg = "warp";
+  else if (p.max > 512 || (h.k * 4 > 32 * 1024 && h.k * 4 <= 192 * 1024))
+    alg = "vector";
+  else
+    alg = "stream";
+  if (alg == "stream") {
+    a.algorithm = kStream;
+    a.chunk = StreamRows(h);
+    return Measure(c, "old stream R=" + std::to_string(a.chunk), [&] {
+      SpmvStreamKernel<float, float><<<static_cast<unsigned>((a.m + a.chunk - 1) / a.chunk), 256>>>(a);
+    });
+  }
+  if (alg == "cta")
+    return Measure(c, "old cta", [&] { SpmvCtaKernel<float, float><<<std::min<int64_t>(a.m, cap), 256>>>(a); });
+  if (alg == "split") {
+    SetSplit(c, 1024);
+    a = BaseArgs(c);
+    a.algorithm = kSplit, a.chunk = 1024, a.num_long = c.num_long, a.units = c.units;
+    const int g = VectorGroup(std::min(p.avg, p.p95));
+    return Measure(c, "old split G=" + std::to_string(g), [&] {
+      WithGroup(g, [&](auto gc) {
+        constexpr int G = decltype(gc)::value;
+        SpmvGroupKernel<float, float, G><<<blocks_for(a.m * G), 256>>>(a, false);
+        return cudaGetLastError();
+      });
+      SpmvGroupKernel<float, float, 32><<<blocks_for(a.units * 32), 256>>>(a, true);
+      SplitFixupKernel<float, float><<<blocks_for(a.num_long * 32), 256>>>(a);
+    });
+  }
+  const int g = alg == "warp" ? 32 : VectorGroup(p.avg);
+  return Measure(c, "old " + alg + " G=" + std::to_string(g), [&] {
+    WithGroup(g, [&](auto gc) {
+      constexpr int G = decltype(gc)::value;
+      SpmvGroupKernel<float, float, G><<<blocks_for(a.m * G), 256>>>(a, false);
+      return cudaGetLastError();
+    });
+  });
+}
+
+// cuSPARSE SpMV of the case's matrix (op: CSR as is, or its transpose), alg default/ALG1/ALG2.
+static Result Cusparse(Case& c, cusparseHandle_t h, cusparseOperation_t op, cusparseSpMVAlg_t alg, const char* name,
+                       const DevCsr& mat, bool preprocess) {
+  cusparseSpMatDescr_t A;
+  cusparseDnVecDescr_t X, Y;
+  CHECK_SP(cusparseCreateCsr(&A, mat.m, mat.k, mat.nnz, mat.indptr, mat.indices, mat.values, CUSPARSE_INDEX_32I,
+                             CUSPARSE_INDEX_32I, CUSPARSE_INDEX_BASE_ZERO, CUDA_R_32F));
+  CHECK_SP(cusparseCreateDnVec(&X, c.d.k, c.x, CUDA_R_32F));
+  CHECK_SP(cusparseCreateDnVec(&Y, c.d.m, c.y, CUDA_R_32F));
+  const float one = 1.0f, zero = 0.0f;
+  size_t ws = 0;
+  Result r;
+  r.plan = name;
+  if (cusparseSpMV_bufferSize(h, op, &one, A, X, &zero, Y, CUDA_R_32F, alg, &ws) != CUSPARSE_STATUS_SUCCESS) {
+    r.plan += " (unsupported)";
+    return r;
+  }
+  void* buf = nullptr;
+  CHECK(cudaMalloc(&buf, std::max<size_t>(ws, 16)));
+  if (preprocess) CHECK_SP(cusparseSpMV_preprocess(h, op, &one, A, X, &zero, Y, CUDA_R_32F, alg, buf));
+  r = Measure(c, name, [&] { CHECK_SP(cusparseSpMV(h, op, &one, A, X, &zero, Y, CUDA_R_32F, alg, buf)); });
+  cudaFree(buf);
+  cusparseDestroySpMat(A), cusparseDestroyDnVec(X), cusparseDestroyDnVec(Y);
+  return r;
+}
+
+static FILE* g_csv = nullptr;
+
+static void Print(const Case& c, const char* op, const Result& r, double ref_us) {
+  const double gbps = c.bytes / (r.us * 1e-6) / 1e9;
+  std::printf("  %-34s %9.1f us %7.0f GB/s  x%5.2f  err %.1e%s\n", r.plan.c_str(), r.us, gbps, ref_us / r.us, r.err,
+              r.ok ? "" : "  FAIL");
+  if (g_csv)
+    std::fprintf(g_csv, "%s,%s,%s,%.2f,%.1f,%.3e,%d\n", c.host->name.c_str(), op, r.plan.c_str(), r.us, gbps, r.err,
+                 int(r.ok));
+}
+
+struct Summary {
+  std::string name, op, plan;
+  double ours = 0, cusp = 0, cusp_best = 0, gbps = 0;
+};
+static std::vector<Summary> g_summary;
+
+// All candidates for one SpMV (A x, or Aᵀ u when `mat` is CSR(Aᵀ)); `csr_a` (optional) is CSR(A) for cuSPARSE's
+// transpose op.
+static void RunCase(const Csr& mat, const DevCsr* csr_a, const char* op, cusparseHandle_t handle, int sms, bool quick) {
+  Case c;
+  c.host = &mat;
+  c.d = Upload(mat);
+  c.sms = sms;
+  c.hx.resize(mat.k);
+  Rng rng(77);
+  for (auto& v : c.hx) v = static_cast<float>(rng.uniform() * 2.0 - 1.0);
+  c.ref = Reference(mat, c.hx);
+  CHECK(cudaMalloc(&c.x, std::max<int64_t>(1, mat.k) * 4));
+  CHECK(cudaMalloc(&c.y, std::max<int64_t>(1, mat.m) * 4));
+  CHECK(cudaMalloc(&c.alpha, 4));
+  CHECK(cudaMalloc(&c.beta, 4));
+  CHECK(cudaMemcpy(c.x, c.hx.data(), mat.k * 4, cudaMemcpyHostToDevice));
+  const float one = 1.0f, zero = 0.0f;
+  CHECK(cudaMemcpy(c.alpha, &one, 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(c.beta, &zero, 4, cudaMemcpyHostToDevice));
+  SetSplit(c, 1 << 30);
+  c.bytes = double(mat.nnz()) * 8 + double(mat.m + 1) * 4 + double(mat.k) * 4 + double(mat.m) * 4;
+  const Profile p = ProfileOf(mat);
+  std::printf("\n== %s  %s: M=%lld K=%lld nnz=%lld avg=%.1f p95=%.0f max=%lld cv=%.2f, %.1f MB\n", mat.name.c_str(), op,
+              (long long)mat.m, (long long)mat.k, (long long)mat.nnz(), p.avg, p.p95, (long long)p.max, p.cv,
+              c.bytes / 1e6);
+
+  std::vector<Result> cusp;
+  cusp.push_back(
+      Cusparse(c, handle, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_SPMV_ALG_DEFAULT, "cuSPARSE default", c.d, false));
+  cusp.push_back(Cusparse(c, handle, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_SPMV_CSR_ALG2, "cuSPARSE CSR_ALG2+pre",
+                          c.d, true));
+  if (csr_a)
+    cusp.push_back(Cusparse(c, handle, CUSPARSE_OPERATION_TRANSPOSE, CUSPARSE_SPMV_ALG_DEFAULT,
+                            "cuSPARSE default op=T on CSR(A)", *csr_a, false));
+  const double ref_us = cusp[0].us;
+  double best_cusp = 1e30;
+  for (auto& r : cusp) {
+    if (r.us > 0) Print(c, op, r, ref_us);
+    if (r.us > 0 && r.ok) best_cusp = std::min(best_cusp, r.us);
+  }
+  Print(c, op, OldPlan(c), ref_us);
+  SetSplit(c, 1 << 30);
+
+  // Production dispatch of this change (LaunchCsrSpmm with the plan jax_ops.sparse would choose).
+  auto production = [&]() -> Result {  // the plan jax_ops.sparse.choose_algorithm/_group_for pick
+    const bool long_rows = p.max > std::max(2048.0, 32 * p.avg);
+    SpmmArgs<float, float> a = BaseArgs(c);
+    std::string name;
+    auto group = [](double avg) { return avg < 10 ? 1 : avg < 64 ? 4 : avg < 128 ? 8 : avg < 256 ? 16 : 32; };
+    if (long_rows) {
+      const int64_t chunk = 256;
+      SetSplit(c, chunk);
+      a = BaseArgs(c);
+      a.algorithm = kSplit, a.chunk = chunk, a.num_long = c.num_long, a.units = c.units;
+      a.group = std::min(32, 2 * group(std::min(p.avg, p.p95)));
+      name = "NEW split chunk=256 G=" + std::to_string(a.group);
+    } else {
+      a.algorithm = kVector;
+      a.group = group(p.avg);
+      name = "NEW vector G=" + std::to_string(a.group);
+    }
+    return Measure(c, name, [&] { CHECK((LaunchCsrSpmm<float, float>(nullptr, a, false, c.sms))); });
+  };
+  const Result prod = production();
+  Print(c, op, prod, ref_us);
+  g_summary.push_back({mat.name, op, prod.plan, prod.us, ref_us, best_cusp, c.bytes / (prod.us * 1e-6) / 1e9});
+  SetSplit(c, 1 << 30);
+
+  if (!quick) {
+    // Sweep of the rows kernel: G around the vector group, U rows per lane, streaming hint, grid cap.
+    std::vector<Result> sweep;
+    const int g0 = VectorGroup(p.avg);
+    const bool long_rows = p.max > std::max(2048.0, 32 * p.avg);
+    std::vector<int64_t> chunks = long_rows ? std::vector<int64_t>{128, 256, 512} : std::vector<int64_t>{0};
+    for (int64_t chunk : chunks) {
+      if (chunk) SetSplit(c, chunk);
+      const std::vector<int> gs =
+          p.avg >= 256 ? std::vector<int>{16, 32} : std::vector<int>{g0 / 8, g0 / 4, g0 / 2, g0};
+      for (int g : gs) {
+        if (g < 1 || g > 32) continue;
+        for (int u : {1, 2, 4})
+          for (int st : {2, 4, 8})
+            for (int hint : {0, 1})
+              for (int occ : {0, 1}) {
+                if (u * st > 16) continue;
+                SpmmArgs<float, float> a = BaseArgs(c);
+                if (chunk) a.algorithm = kSplit, a.chunk = chunk, a.num_long = c.num_long, a.units = c.units;
+                const int64_t cap = int64_t{sms} * 64;
+                RowsFn fn = Rows(g, u, st, hint, occ);
+                char name[96];
+                std::snprintf(name, sizeof name, "rows G=%d U=%d S=%d%s%s%s", g, u, st, hint ? " cs" : "",
+                              occ ? " mb6" : "", chunk ? (" chunk=" + std::to_string(chunk)).c_str() : "");
+                auto launch = [&] {
+                  fn(a, cap);
+                  if (chunk) {
+                    SpmvUnitKernel<float, float, false>
+                        <<<std::max<int64_t>(1, std::min<int64_t>(sms * 64, (a.units * 32 + 255) / 256)), 256>>>(a);
+                    SpmvFixupKernel<float, float>
+                        <<<std::max<int64_t>(1, std::min<int64_t>(sms * 64, (a.num_long * 32 + 255) / 256)), 256>>>(a);
+                  }
+                };
+                sweep.push_back(Measure(c, name, launch));
+                if (chunk == 256 && g == 4 && u == 2 && st == 4 && !hint && !occ) {  // where split's time goes
+                  Result parts[3];
+                  parts[0] = Measure(c, "  part: short rows only", [&] { fn(a, cap); });
+                  parts[1] = Measure(c, "  part: units only", [&] {
+                    SpmvUnitKernel<float, float, false>
+                        <<<std::max<int64_t>(1, std::min<int64_t>(sms * 64, (a.units * 32 + 255) / 256)), 256>>>(a);
+                  });
+                  parts[2] = Measure(c, "  part: fixup only", [&] {
+                    SpmvFixupKernel<float, float>
+                        <<<std::max<int64_t>(1, std::min<int64_t>(sms * 64, (a.num_long * 32 + 255) / 256)), 256>>>(a);
+                  });
+                  for (auto& r : parts) std::printf("  %-34s %9.1f us\n", r.plan.c_str(), r.us);
+                }
+              }
+      }
+    }
+    if (p.avg >= 256) {
+      SpmmArgs<float, float> a = BaseArgs(c);
+      sweep.push_back(Measure(c, "cta (256 thr/row)", [&] {
+        SpmvCtaKernel<float, float><<<std::min<int64_t>(a.m, int64_t{sms} * 64), 256>>>(a);
+      }));
+      for (int64_t chunk : {256, 512}) {
+        SetSplit(c, chunk);
+        SpmmArgs<float, float> s = BaseArgs(c);
+        s.algorithm = kSplit, s.chunk = chunk, s.num_long = c.num_long, s.units = c.units;
+        sweep.push_back(Measure(c, "all-units split chunk=" + std::to_string(chunk), [&] {
+          SpmvUnitKernel<float, float, false>
+              <<<std::max<int64_t>(1, std::min<int64_t>(sms * 64, (s.units * 32 + 255) / 256)), 256>>>(s);
+          SpmvFixupKernel<float, float>
+              <<<std::max<int64_t>(1, std::min<int64_t>(sms * 64, (s.num_long * 32 + 255) / 256)), 256>>>(s);
+        }));
+      }
+    }
+    std::sort(sweep.begin(), sweep.end(), [](const Result& x, const Result& y) {
+      if (x.ok != y.ok) return x.ok;
+      return x.us < y.us;
+    });
+    int failed = 0;
+    for (auto& r : sweep) failed += !r.ok;
+    std::printf("  -- sweep: %zu variants, %d failed; best 8:\n", sweep.size(), failed);
+    for (size_t i = 0; i < sweep.size(); ++i) {
+      if (i < 8 || !sweep[i].ok)
+        Print(c, op, sweep[i], ref_us);
+      else if (g_csv)
+        std::fprintf(g_csv, "%s,%s,%s,%.2f,%.1f,%.3e,%d\n", mat.name.c_str(), op, sweep[i].plan.c_str(), sweep[i].us,
+                     c.bytes / (sweep[i].us * 1e-6) / 1e9, sweep[i].err, int(sweep[i].ok));
+    }
+  }
+  cudaFree(c.x), cudaFree(c.y), cudaFree(c.alpha), cudaFree(c.beta), cudaFree(c.ws), cudaFree(c.long_rows),
+      cudaFree(c.long_ptr);
+  Free(c.d);
+}
+
+// SpMM (N > 1) time of the split plan for two chunks: the plan's chunk is shared by SpMV and SpMM.
+static void SpmmSplitCompare(const Csr& h, int sms) {
+  DevCsr d = Upload(h);
+  for (int64_t n : {8, 32, 128}) {
+    float *b, *out, *al, *be;
+    CHECK(cudaMalloc(&b, h.k * n * 4));
+    CHECK(cudaMalloc(&out, h.m * n * 4));
+    CHECK(cudaMalloc(&al, n * 4));
+    CHECK(cudaMalloc(&be, n * 4));
+    CHECK(cudaMemset(b, 0, h.k * n * 4));
+    CHECK(cudaMemset(al, 0, n * 4));
+    CHECK(cudaMemset(be, 0, n * 4));
+    for (int64_t chunk : {256, 1024}) {
+      Case c;
+      c.host = &h;
+      SetSplit(c, chunk);
+      float* ws;
+      CHECK(cudaMalloc(&ws, std::max<int64_t>(1, c.units * n) * 4));
+      SpmmArgs<float, float> a;
+      a.indptr = d.indptr, a.indices = d.indices, a.values = d.values, a.b = b, a.alpha = al, a.beta = be;
+      a.out = out, a.ws = ws, a.long_rows = c.long_rows, a.long_ptr = c.long_ptr;
+      a.m = h.m, a.k = h.k, a.n = n, a.nnz = d.nnz, a.num_long = c.num_long, a.units = c.units, a.chunk = chunk;
+      a.algorithm = kSplit, a.group = 16;
+      const double us = MedianUs([&] { CHECK((LaunchCsrSpmm<float, float>(nullptr, a, true, sms))); }, 5);
+      std::printf("  SpMM N=%lld split chunk=%lld: %.1f us\n", (long long)n, (long long)chunk, us);
+      cudaFree(ws), cudaFree(c.long_rows), cudaFree(c.long_ptr), cudaFree(c.ws);
+    }
+    cudaFree(b), cudaFree(out), cudaFree(al), cudaFree(be);
+  }
+  Free(d);
+}
+
+// --------------------------------------------------------------------------- small every-path checks (dtypes)
+template <typename T>
+static T FromF(float v) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(v);
+  else
+    return static_cast<T>(v);
+}
+template <typename T>
+static double ToD(T v) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __half2float(v);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(v);
+  else
+    return static_cast<double>(v);
+}
+
+// out = alpha * A B + beta * y for every algorithm, N in {1, 3, 8, 130}; returns the number of failures.
+template <typename T, typename Acc>
+static int SmallChecks(const char* dname, double tol, int sms) {
+  int fails = 0;
+  const Csr a = SmallPowerLaw(300, 257, 600, 3);
+  const Csr t = Transpose(a);
+  for (const Csr* mat : {&a, &t}) {
+    const int64_t m = mat->m, k = mat->k, nnz = mat->nnz();
+    std::vector<T> hv(nnz);
+    std::vector<double> vd(nnz);
+    for (int64_t i = 0; i < nnz; ++i) hv[i] = FromF<T>(mat->values[i]), vd[i] = ToD(hv[i]);
+    for (int64_t n : {1, 3, 8, 130}) {
+      Rng rng(5);
+      std::vector<T> hb(k * n), hy(m * n);
+      std::vector<Acc> halpha(n), hbeta(n);
+      for (auto& v : hb) v = FromF<T>(static_cast<float>(rng.uniform() * 2 - 1));
+      for (auto& v : hy) v = FromF<T>(static_cast<float>(rng.uniform() * 2 - 1));
+      for (int64_t j = 0; j < n; ++j) halpha[j] = Acc(0.5 + 0.01 * j), hbeta[j] = Acc(-0.5);
+      std::vector<double> ref(m * n);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0;
+          for (int32_t p = mat->indptr[r]; p < mat->indptr[r + 1]; ++p) {
+            const int32_t c = mat->indices[p];
+            if (c >= 0 && c < k) s += vd[p] * ToD(hb[c * n + j]);
+          }
+          ref[r * n + j] = double(halpha[j]) * s + double(hbeta[j]) * ToD(hy[r * n + j]);
+        }
+      int32_t *ip, *ix, *lr, *lp;
+      T *v, *b, *y, *out;
+      Acc *al, *be, *ws;
+      CHECK(cudaMalloc(&ip, (m + 1) * 4));
+      CHECK(cudaMalloc(&ix, nnz * 4));
+      CHECK(cudaMalloc(&v, nnz * sizeof(T)));
+      CHECK(cudaMalloc(&b, k * n * sizeof(T)));
+      CHECK(cudaMalloc(&y, m * n * sizeof(T)));
+      CHECK(cudaMalloc(&out, m * n * sizeof(T)));
+      CHECK(cudaMalloc(&al, n * sizeof(Acc)));
+      CHECK(cudaMalloc(&be, n * sizeof(Acc)));
+      CHECK(cudaMemcpy(ip, mat->indptr.data(), (m + 1) * 4, cudaMemcpyHostToDevice));
+      CHECK(cudaMemcpy(ix, mat->indices.data(), nnz * 4, cudaMemcpyHostToDevice));
+      CHECK(cudaMemcpy(v, hv.data(), nnz * sizeof(T), cudaMemcpyHostToDevice));
+      CHECK(cudaMemcpy(b, hb.data(), k * n * sizeof(T), cudaMemcpyHostToDevice));
+      CHECK(cudaMemcpy(y, hy.data(), m * n * sizeof(T), cudaMemcpyHostToDevice));
+      CHECK(cudaMemcpy(al, halpha.data(), n * sizeof(Acc), cudaMemcpyHostToDevice));
+      CHECK(cudaMemcpy(be, hbeta.data(), n * sizeof(Acc), cudaMemcpyHostToDevice));
+      const Profile p = ProfileOf(*mat);
+      struct Alg {
+        const char* name;
+        int32_t code, group;
+        int64_t chunk;
+      };
+      std::vector<Alg> algs = {
+          {"vector1", kVector, 1, 0},   {"vector2", kVector, 2, 0},
+          {"vector4", kVector, 4, 0},   {"vector8", kVector, 8, 0},
+          {"vector16", kVector, 16, 0}, {"warp", kVector, 32, 0},
+          {"cta", kCta, 32, 0},         {"split64", kSplit, VectorGroup(std::min(p.avg, p.p95)), 64},
+          {"split1", kSplit, 2, 1},     {"stream", kStream, 32, 8}};
+      for (const Alg& alg : algs) {
+        std::vector<int32_t> rows, ptr{0};
+        if (alg.code == kSplit)
+          for (int64_t r = 0; r < m; ++r) {
+            const int64_t len = mat->indptr[r + 1] - mat->indptr[r];
+            if (len > alg.chunk)
+              rows.push_back(static_cast<int32_t>(r)), ptr.push_back(ptr.back() + (len + alg.chunk - 1) / alg.chunk);
+          }
+        CHECK(cudaMalloc(&lr, std::max<size_t>(1, rows.size()) * 4));
+        CHECK(cudaMalloc(&lp, ptr.size() * 4));
+        CHECK(cudaMalloc(&ws, std::max<int64_t>(1, ptr.back() * n) * sizeof(Acc)));
+        if (!rows.empty()) CHECK(cudaMemcpy(lr, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(lp, ptr.data(), ptr.size() * 4, cudaMemcpyHostToDevice));
+        for (int with_y = 0; with_y < 2; ++with_y) {
+          SpmmArgs<T, Acc> args;
+          args.indptr = ip, args.indices = ix, args.values = v, args.b = b, args.alpha = al, args.beta = be;
+          args.y = with_y ? y : nullptr, args.out = out, args.ws = ws, args.long_rows = lr, args.long_ptr = lp;
+          args.m = m, args.k = k, args.n = n, args.nnz = nnz, args.num_long = static_cast<int64_t>(rows.size());
+          args.units = ptr.back(), args.chunk = alg.chunk, args.algorithm = alg.code, args.group = alg.group;
+          const bool vec16 = n % (16 / sizeof(T)) == 0 && n > 1;
+          CHECK(cudaMemset(out, 0xFF, m * n * sizeof(T)));
+          CHECK((LaunchCsrSpmm<T, Acc>(nullptr, args, vec16, sms)));
+          CHECK(cudaDeviceSynchronize());
+          std::vector<T> ho(m * n);
+          CHECK(cudaMemcpy(ho.data(), out, m * n * sizeof(T), cudaMemcpyDeviceToHost));
+          double num = 0, den = 0;
+          bool finite = true;
+          for (int64_t i = 0; i < m * n; ++i) {
+            const double o = ToD(ho[i]);
+            const double r = with_y ? ref[i] : ref[i] - double(hbeta[i % n]) * ToD(hy[i]);
+            finite &= std::isfinite(o);
+            num += (o - r) * (o - r), den += r * r;
+          }
+          const double err = std::sqrt(num / std::max(den, 1e-300));
+          if (!finite || err > tol) {
+            ++fails;
+            std::printf("  SMALL FAIL %s %s M=%lld n=%lld y=%d: err %.2e finite %d\n", dname, alg.name, (long long)m,
+                        (long long)n, with_y, err, int(finite));
+          }
+        }
+        cudaFree(lr), cudaFree(lp), cudaFree(ws);
+      }
+      cudaFree(ip), cudaFree(ix), cudaFree(v), cudaFree(b), cudaFree(y), cudaFree(out), cudaFree(al), cudaFree(be);
+    }
+  }
+  std::printf("small checks %s: %d failures\n", dname, fails);
+  return fails;
+}
+
+int main(int argc, char** argv) {
+  bool small_only = false, quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--small")) small_only = true;
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) g_csv = std::fopen(argv[++i], "w");
+  }
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("%s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
+  int fails = 0;
+  fails += SmallChecks<float, float>("f32", 1e-5, sms);
+  fails += SmallChecks<double, double>("f64", 1e-12, sms);
+  fails += SmallChecks<__half, float>("f16", 2e-3, sms);
+  fails += SmallChecks<__nv_bfloat16, float>("bf16", 1e-2, sms);
+  if (small_only) return fails ? 1 : 0;
+  if (g_csv) std::fprintf(g_csv, "matrix,op,plan,us,GBps,err,ok\n");
+
+  {                                      // copy ceiling
+    const int64_t n = int64_t{1} << 28;  // 1 GiB each way
+    float *in, *out;
+    CHECK(cudaMalloc(&in, n * 4));
+    CHECK(cudaMalloc(&out, n * 4));
+    CHECK(cudaMemset(in, 0, n * 4));
+    const double us = MedianUs(
+        [&] { CopyKernel<<<sms * 16, 256>>>(reinterpret_cast<float4*>(in), reinterpret_cast<float4*>(out), n / 4); },
+        5);
+    std::printf("copy: %.0f GB/s (read + write)\n", 2.0 * n * 4 / (us * 1e-6) / 1e9);
+    cudaFree(in), cudaFree(out);
+  }
+  cusparseHandle_t handle;
+  CHECK_SP(cusparseCreate(&handle));
+  std::vector<std::function<Csr()>> gens = {
+      [] { return Uniform(2000000, 2000000, 16); },
+      [] { return PowerLaw(1000000, 1000000); },
+      [] { return Poisson({2048, 2048}); },
+      [] { return Poisson({128, 128, 128}); },
+      [] { return Lsq(306136, 6177, 18); },
+      [] { return Lsq(936063, 23394, 21); },
+      [] { return BundleAdjustment(1000000, 20000, 250000); },
+  };
+  for (auto& gen : gens) {
+    const Csr a = gen();
+    const Csr t = Transpose(a);
+    DevCsr da = Upload(a);
+    RunCase(a, nullptr, "Ax", handle, sms, quick);
+    RunCase(t, &da, "ATu", handle, sms, quick);
+    if (a.name.rfind("power-law", 0) == 0) SpmmSplitCompare(a, sms);
+    Free(da);
+  }
+  std::printf("\n%-20s %-4s %-32s %9s %9s %9s %7s %7s %7s\n", "matrix", "op", "plan", "ours us", "cuSP us", "best us",
+              "GB/s", "xcuSP", "xbest");
+  double lg = 0, lgb = 0;
+  int nax = 0;
+  for (auto& s : g_summary) {
+    std::printf("%-20s %-4s %-32s %9.1f %9.1f %9.1f %7.0f %7.2f %7.2f\n", s.name.c_str(), s.op.c_str(), s.plan.c_str(),
+                s.ours, s.cusp, s.cusp_best, s.gbps, s.cusp / s.ours, s.cusp_best / s.ours);
+    if (s.op == "Ax") lg += std::log(s.cusp / s.ours), lgb += std::log(s.cusp_best / s.ours), ++nax;
+  }
+  for (size_t i = 0; i + 1 < g_summary.size(); i += 2)
+    std::printf("ATu/Ax %-20s %.2f\n", g_summary[i].name.c_str(), g_summary[i + 1].ours / g_summary[i].ours);
+  if (nax)
+    std::printf("Ax geomean vs cuSPARSE default %.2f, vs best cuSPARSE %.2f\n", std::exp(lg / nax),
+                std::exp(lgb / nax));
+  if (g_csv) std::fclose(g_csv);
+  return fails ? 1 : 0;
+}
