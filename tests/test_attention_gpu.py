@@ -140,3 +140,67 @@ def test_small_fully_masked_rows():
         np.asarray(res[0, 3], np.float32) == -np.inf
     )
     assert not np.isnan(np.asarray(out, np.float32)).any()
+
+
+PORTABLE_ENV = "JAX_OPS_ATTENTION_PORTABLE"  # forces the sm_80 mma.sync forward (attention_cuda.cu)
+
+
+@pytest.mark.parametrize(
+    "shape,kw",
+    [
+        ((2, 300, 517, 4, 2, 128), dict(is_causal=True)),
+        ((1, 1, 1000, 4, 1, 64), dict()),
+        ((2, 1000, 1, 2, 2, 128), dict()),
+        ((1, 777, 777, 2, 2, 128), dict(is_causal=True, local_window_size=(100, 0))),
+        (
+            (2, 640, 640, 4, 4, 64),
+            dict(
+                is_causal=True,
+                query_seq_lengths=jnp.array([500, 640], jnp.int32),
+                key_value_seq_lengths=jnp.array([333, 17], jnp.int32),
+            ),
+        ),
+    ],
+)
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_small_forward_kernels_both_paths(shape, kw, dtype, monkeypatch):
+    # Head dims 64/128 without bias/mask take the Hopper kernel on an H100/H200; the env var forces the portable
+    # one. Both against the fp32 reference, outputs and log-sum-exp.
+    _needs_cuda_target()
+    q, k, v = inputs(*shape, dtype)
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    ref, ref_lse = jax_ops.dot_product_attention(
+        f32(q), f32(k), f32(v), implementation="xla", return_residual=True, **kw
+    )
+    outs = {}
+    for portable in ("0", "1"):
+        monkeypatch.setenv(PORTABLE_ENV, portable)
+        out, lse = jax_ops.dot_product_attention(q, k, v, implementation="ffi", return_residual=True, **kw)
+        assert rel_l2(out, ref) < TOL[dtype]
+        finite = np.isfinite(np.asarray(ref_lse))
+        np.testing.assert_allclose(np.asarray(lse)[finite], np.asarray(ref_lse)[finite], atol=2e-2, rtol=1e-3)
+        outs[portable] = np.asarray(out, np.float32)
+    assert rel_l2(outs["0"], outs["1"]) < TOL[dtype]
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_longest_sequence_32k(is_causal, monkeypatch):
+    # N = 32768: the two forward kernels (independent implementations) agree, and sampled rows match an fp64
+    # numpy reference.
+    _needs_cuda_target()
+    T, H, D = 32768, 2, 128
+    q, k, v = inputs(1, T, T, H, H, D, jnp.bfloat16)
+    outs = {}
+    for portable in ("0", "1"):
+        monkeypatch.setenv(PORTABLE_ENV, portable)
+        outs[portable] = np.asarray(
+            jax_ops.dot_product_attention(q, k, v, is_causal=is_causal, implementation="ffi"), np.float32
+        )
+    assert rel_l2(outs["0"], outs["1"]) < 1e-2
+    qn, kn, vn = (np.asarray(x, np.float64) for x in (q, k, v))
+    for t in (0, 1, 4097, T - 1):
+        s_hi = t + 1 if is_causal else T
+        logits = kn[0, :s_hi, 0] @ qn[0, t, 0] / np.sqrt(D)
+        p = np.exp(logits - logits.max())
+        ref = (p / p.sum()) @ vn[0, :s_hi, 0]
+        assert rel_l2(outs["0"][0, t, 0], ref) < 1e-2

@@ -4,6 +4,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "attention/attention_kernels.h"
 #include "attention/attention_params.h"
 #include "common/cuda_helpers.h"
@@ -51,8 +54,16 @@ ffi::Error WithHalfType(ffi::DataType dtype, Launch&& launch) {
       });
 }
 
+// The Hopper kernel where it applies (Sm90FwdSupports), else the portable mma.sync kernel.
+// JAX_OPS_ATTENTION_PORTABLE=1 forces the portable kernel (tests run both on a Hopper GPU).
 template <typename T>
-cudaError_t LaunchForHeadDim(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr) {
+cudaError_t LaunchForHeadDim(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
+                             const DeviceProps& dev) {
+  const char* portable = std::getenv("JAX_OPS_ATTENTION_PORTABLE");
+  if (Sm90FwdSupports(p, dev.cc_major, dev.cc_minor) && !(portable && std::string(portable) == "1")) {
+    return p.head_dim == 64 ? LaunchAttentionFwdSm90<T, 64, kSm90FwdStages>(stream, p, ptr)
+                            : LaunchAttentionFwdSm90<T, 128, kSm90FwdStages>(stream, p, ptr);
+  }
   switch (p.head_dim) {
     case 32:
       return LaunchAttentionFwd<T, 32>(stream, p, ptr);
@@ -83,11 +94,13 @@ ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
   JAX_OPS_CHECK_ARG(hd == 32 || hd == 64 || hd == 96 || hd == 128 || hd == 256,
                     "the CUDA attention kernel supports head dims 32, 64, 96, 128, 256; got " << hd);
   JAX_OPS_RETURN_IF_ERROR(CheckGridLimits(p));
+  auto dev = CurrentDeviceProps();
+  if (dev.has_error()) return dev.error();
   FwdPointers ptr = InputPointers(q, k, v, bias, mask, q_seqlen, kv_seqlen);
   ptr.o = o->untyped_data();
   ptr.lse = static_cast<float*>(lse->untyped_data());
   return WithHalfType(p.dtype,
-                      [&](auto tag) { return LaunchForHeadDim<typename decltype(tag)::type>(stream, p, ptr); });
+                      [&](auto tag) { return LaunchForHeadDim<typename decltype(tag)::type>(stream, p, ptr, **dev); });
 }
 
 template <typename T>

@@ -37,6 +37,16 @@ struct BwdPointers {
 template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionFwd(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr);
 
+// Hopper (sm_90a only) forward: TMA + wgmma + warp specialisation; head dims 64 and 128, no bias or boolean
+// mask (Sm90FwdSupports). kStages: K/V pipeline depth (the build instantiates kSm90FwdStages).
+inline constexpr int kSm90FwdStages = 2;
+template <typename T, int kHeadDim, int kStages>
+cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr);
+inline bool Sm90FwdSupports(const AttentionParams& p, int cc_major, int cc_minor) {
+  return cc_major == 9 && cc_minor == 0 && (p.head_dim == 64 || p.head_dim == 128) && !p.has_bias && !p.has_mask &&
+         p.seqlen_q < (int64_t{1} << 31) && p.seqlen_k < (int64_t{1} << 31);
+}
+
 // Backward without bias gradient: dq, dk, dv. kHeadDim: 32, 64, 96, 128 (256 would spill the accumulators).
 template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionBwd(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
