@@ -50,7 +50,10 @@ struct TensorMaps {
   CUtensorMap q, k, v;
 };
 
-template <typename T, int kHeadDim, int kStagesT>
+// kDiag (timing experiments of ffi_cuda/tools/attention_fwd_bench.cu only; results are wrong when set):
+// 1 = load only the first kStages K/V tiles and reuse them (no memory traffic in the loop),
+// 2 = skip the softmax arithmetic (P = S).
+template <typename T, int kHeadDim, int kStagesT, int kDiag = 0>
 __global__ void __launch_bounds__(384, 1)
     AttentionFwdSm90Kernel(const AttentionParams p, const FwdPointers ptr, const __grid_constant__ TensorMaps maps) {
 #if JAX_OPS_SM90
@@ -114,7 +117,7 @@ __global__ void __launch_bounds__(384, 1)
       for (int pn = 0; pn < Tr::kPanels; ++pn)
         TmaLoad4d(sQ + pn * Tr::kQPanelBytes, &maps.q, q_full, pn * 64, static_cast<int>(n), static_cast<int>(m0),
                   static_cast<int>(b));
-      for (int j = 0; j < num_tiles; ++j) {
+      for (int j = 0; j < (kDiag == 1 ? min(num_tiles, kStages) : num_tiles); ++j) {
         const int stage = j % kStages;
         if (j >= kStages) MbarWait(kv_empty + stage, ((j / kStages) - 1) & 1);
         const int s0 = (tile_lo + j) * kBN;
@@ -171,7 +174,7 @@ __global__ void __launch_bounds__(384, 1)
   // its 64-element panels kKvPanelBytes apart.
   auto issue_pv = [&](int j) {
     const unsigned char* v_tile = sV + (j % kStages) * Tr::kKvBytes;
-    MbarWait(v_full + j % kStages, (j / kStages) & 1);
+    if (kDiag != 1 || j < kStages) MbarWait(v_full + j % kStages, (j / kStages) & 1);
     WgmmaFence();
 #pragma unroll
     for (int ks = 0; ks < kBN / 16; ++ks)
@@ -185,6 +188,10 @@ __global__ void __launch_bounds__(384, 1)
   // Scale to the log2 domain, mask, online-softmax update of tile j's S in place (S becomes P); returns the
   // rescale factors of O and of the running sums in corr.
   auto softmax = [&](int j, float (&corr)[2]) {
+    if constexpr (kDiag == 2) {
+      corr[0] = corr[1] = 1.f;
+      return;
+    }
     const int64_t s0 = int64_t{tile_lo + j} * kBN;
     const bool interior = s0 >= inner.lo && s0 + kBN <= inner.hi;
 #pragma unroll
@@ -257,7 +264,7 @@ __global__ void __launch_bounds__(384, 1)
     softmax(0, corr);
     rescale_o_and_pack_p(corr);
     for (int j = 1; j < num_tiles; ++j) {
-      MbarWait(k_full + j % kStages, (j / kStages) & 1);
+      if (kDiag != 1 || j < kStages) MbarWait(k_full + j % kStages, (j / kStages) & 1);
       NamedBarrier(my_turn, 256);
       issue_s(j);
       issue_pv(j - 1);
@@ -345,17 +352,18 @@ bool EncodeMap(CUtensorMap* map, const void* base, int64_t batch, int64_t rows, 
 
 }  // namespace sm90
 
-template <typename T, int kHeadDim, int kStages>
+template <typename T, int kHeadDim, int kStages, int kDiag>
 cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr) {
   using Tr = sm90::FwdTraits<kHeadDim, kStages>;
   if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
-  static const cudaError_t attr_status = cudaFuncSetAttribute(
-      sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  static const cudaError_t attr_status =
+      cudaFuncSetAttribute(sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (attr_status != cudaSuccess) return attr_status;
   // A build without sm_90a machine code would run the empty (non-sm90a) body: refuse instead of returning garbage.
   static const int binary_version = [] {
     cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages>) == cudaSuccess
+    return cudaFuncGetAttributes(&attr, sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag>) == cudaSuccess
                ? attr.binaryVersion
                : 0;
   }();
@@ -367,7 +375,8 @@ cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p
     return cudaErrorInvalidValue;
   const int64_t m_blocks = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch));
-  sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, ptr, maps);
+  sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag>
+      <<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, ptr, maps);
   return cudaGetLastError();
 }
 

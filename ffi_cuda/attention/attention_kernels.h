@@ -39,8 +39,8 @@ cudaError_t LaunchAttentionFwd(cudaStream_t stream, const AttentionParams& p, co
 
 // Hopper (sm_90a only) forward: TMA + wgmma + warp specialisation; head dims 64 and 128, no bias or boolean
 // mask (Sm90FwdSupports). kStages: K/V pipeline depth (the build instantiates kSm90FwdStages).
-inline constexpr int kSm90FwdStages = 2;
-template <typename T, int kHeadDim, int kStages>
+inline constexpr int kSm90FwdStages = 3;  // measured: +3-12% over 2 stages at D=128 (H200)
+template <typename T, int kHeadDim, int kStages, int kDiag = 0>
 cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr);
 inline bool Sm90FwdSupports(const AttentionParams& p, int cc_major, int cc_minor) {
   return cc_major == 9 && cc_minor == 0 && (p.head_dim == 64 || p.head_dim == 128) && !p.has_bias && !p.has_mask &&

@@ -23,6 +23,7 @@ scaled by a permuted logspace and a right-hand side consistent with the unscaled
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import jax
@@ -286,6 +287,12 @@ def _scipy_row(p, a, b, case, t_ours, itn_ours, pair, budget_s: float):
 def run(ctx) -> list[dict]:
     on_gpu = jax.default_backend() == "gpu"
     problems = _problems(ctx.quick, on_gpu)
+    # Knobs for a short GPU check: JAX_OPS_BENCH_LSMR_ONLY (substring of the problem names to keep) and
+    # JAX_OPS_BENCH_SCIPY_BUDGET_S (SciPy's time cap per problem; its row compares time per iteration anyway).
+    only = os.environ.get("JAX_OPS_BENCH_LSMR_ONLY")
+    if only:
+        problems = [p for p in problems if only in p.name]
+    scipy_budget = float(os.environ.get("JAX_OPS_BENCH_SCIPY_BUDGET_S", 5.0 if ctx.quick else 20.0))
     progress = ctx.progress(len(problems) * 4, "lsmr")
     rows: list[dict] = []
     for p in problems:
@@ -300,6 +307,6 @@ def run(ctx) -> list[dict]:
         rows.append(_lineax_row(p, a, b, case, t, pair))
         progress.step(f"lineax {p.name}")
         # SciPy on every problem, iterations capped by a budget (a full solve would take 40-150 s per problem).
-        rows.append(_scipy_row(p, a, b, case, t, itn, pair, budget_s=5.0 if ctx.quick else 20.0))
+        rows.append(_scipy_row(p, a, b, case, t, itn, pair, budget_s=scipy_budget))
         progress.step(f"scipy {p.name}")
     return rows
