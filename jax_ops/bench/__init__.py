@@ -33,8 +33,8 @@ class Context:
     quick: bool
     ceilings: Ceilings
 
-    def progress(self, total: int, label: str) -> Progress:
-        return Progress(total, label)
+    def progress(self, total: int, label: str, rows: list[dict] | None = None) -> Progress:
+        return Progress(total, label, rows)
 
 
 def run_suite(name: str, ctx: Context) -> list[dict]:

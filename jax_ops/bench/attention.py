@@ -122,8 +122,8 @@ def run(ctx) -> list[dict]:
     have_ours = (not on_gpu) or attention.FWD_TARGET in _ffi.target_names("CUDA")
     cases = _cases(ctx.quick, on_gpu)
     impls = ["jax_ops", "cudnn", "xla"] if on_gpu else ["jax_ops", "xla"]
-    progress = ctx.progress(len(cases) * 2, "attention")
     rows = []
+    progress = ctx.progress(len(cases) * 2, "attention", rows)
     for c in cases:
         H, K, D, N, dt = c["H"], c["K"], c["D"], c["N"], c["dtype"]
         keys = jax.random.split(jax.random.key(N), 3)

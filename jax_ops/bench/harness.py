@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import statistics
 import sys
@@ -110,14 +111,23 @@ def measure_ceilings(quick: bool = False) -> Ceilings:
 
 
 class Progress:
-    """One-line progress display on stderr for long suites."""
+    """One-line progress display on stderr for long suites. Given the suite's ``rows`` list, each step also
+    prints the rows added since the previous step as ``[row] {json}`` lines, so a run killed at a time limit
+    still leaves its finished measurements in the log."""
 
-    def __init__(self, total: int, label: str):
+    def __init__(self, total: int, label: str, rows: list[dict] | None = None):
         self.total, self.label, self.done = max(total, 1), label, 0
         self.tty = sys.stderr.isatty()
+        self.rows, self.printed = rows, 0
 
     def step(self, what: str) -> None:
         self.done += 1
+        if self.rows is not None:
+            for row in self.rows[self.printed :]:
+                sys.stderr.write(
+                    ("\r\033[K" if self.tty else "") + "[row] " + json.dumps(row, default=str) + "\n"
+                )
+            self.printed = len(self.rows)
         msg = f"[{self.label} {self.done}/{self.total}] {what}"
         if self.tty:
             sys.stderr.write("\r\033[K" + msg)

@@ -293,8 +293,8 @@ def run(ctx) -> list[dict]:
     if only:
         problems = [p for p in problems if only in p.name]
     scipy_budget = float(os.environ.get("JAX_OPS_BENCH_SCIPY_BUDGET_S", 5.0 if ctx.quick else 20.0))
-    progress = ctx.progress(len(problems) * 4, "lsmr")
     rows: list[dict] = []
+    progress = ctx.progress(len(problems) * 4, "lsmr", rows)
     for p in problems:
         a, b = _build(p)
         op, op_kind = _operator(a)

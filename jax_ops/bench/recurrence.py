@@ -18,8 +18,8 @@ def run(ctx) -> list[dict]:
     if ctx.quick:
         sizes = sizes[:-1]
     dtypes = [jnp.float32, jnp.float64] if jax.config.jax_enable_x64 else [jnp.float32]
-    progress = ctx.progress(len(sizes) * len(dtypes) * 2, "recurrence")
     rows = []
+    progress = ctx.progress(len(sizes) * len(dtypes) * 2, "recurrence", rows)
     for dtype in dtypes:
         for n in sizes:
             keys = jax.random.split(jax.random.key(n), 3)

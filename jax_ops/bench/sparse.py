@@ -174,7 +174,7 @@ def run(ctx) -> list[dict]:
     ns = [8, 32, 128]
     rows: list[dict] = []
     all_cases = cases(quick)
-    progress = ctx.progress(len(all_cases), "sparse")
+    progress = ctx.progress(len(all_cases), "sparse", rows)
     for name, gen, extra_dtypes in all_cases:
         t0 = time.perf_counter()
         indptr, indices, vals, (m, k) = gen()
