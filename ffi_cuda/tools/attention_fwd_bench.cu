@@ -16,18 +16,10 @@
 
 #include "attention/attention_fwd_impl.cuh"
 #include "attention/attention_fwd_sm90_impl.cuh"
+#include "tools/bench_check.h"
 
 using namespace jax_ops::attention;
 using T = __nv_bfloat16;
-
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    cudaError_t e = (x);                                                                  \
-    if (e != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 struct Case {
   int B, T, S, H, K, D;

@@ -25,17 +25,10 @@
 #include <vector>
 
 #include "sparse/spmm_kernels_impl.cuh"
+#include "tools/bench_check.h"
 
 using namespace jax_ops::sparse;
 
-#define CHECK(x)                                                                           \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 #define CHECK_SP(x)                                                             \
   do {                                                                          \
     cusparseStatus_t s_ = (x);                                                  \
