@@ -17,8 +17,13 @@ and all accumulations are fp32 for f16/bf16 inputs (jax.nn rounds the probabilit
 ``implementation``: ``None`` uses the FFI kernel when the inputs are supported, otherwise the reference
 (``jax_ops.reference.dot_product_attention``) with a one-time warning naming the reason; ``"ffi"`` raises on
 unsupported inputs; ``"xla"`` forces the reference; ``"cudnn"`` calls ``jax.nn.dot_product_attention(...,
-implementation="cudnn")`` unchanged. The kernel supports float16, bfloat16, float32 and head dims 1..256; on a
-GPU backend it needs the CUDA attention target (not yet written: falls back).
+implementation="cudnn")`` unchanged. The CPU twin supports float16, bfloat16, float32 and head dims 1..256; the
+CUDA kernels float16/bfloat16 and head dims 32, 64, 96, 128, 256 (others fall back with a warning).
+
+Split-KV: when the grid of the forward kernel would be small (decode, ``T`` small, few heads) and nothing ties a
+key to its absolute position (no causal/window, bias or mask), the keys are split into ``kv_splits`` equal chunks
+folded into the batch (a reshape, no copy of K/V), one kernel call computes every chunk's output and log-sum-exp,
+and the chunks are merged with their log-sum-exp weights in fp32.
 
 Autodiff: ``custom_vjp``; the forward saves O and the fp32 log-sum-exp, the backward target recomputes P.
 ``bias`` gets a gradient (reduced over its broadcast dims inside the kernel). ``vmap`` folds the mapped axis into
@@ -483,8 +488,66 @@ def _fill(cfg: _Config, bias, mask, qsl, kvsl):
     return bias, mask, qsl, kvsl
 
 
+# Split-KV policy: split while the forward grid (64-query-row blocks x heads x batch) would cover less than half of
+# SPLIT_KV_TARGET_CTAS (two waves on a 132-SM H100/H200), keeping >= SPLIT_KV_MIN_KEYS keys per chunk. Only on a
+# GPU backend (the CPU twin gains nothing). FORCE_KV_SPLITS (tests) overrides the policy on any backend.
+SPLIT_KV_TARGET_CTAS = 264
+SPLIT_KV_MIN_KEYS = 1024
+FORCE_KV_SPLITS: int | None = None
+
+
+def kv_splits(cfg: _Config, batch: int, seqlen_q: int, seqlen_k: int, num_heads: int) -> int:
+    """How many equal key chunks the forward splits into (1 = no split). The count divides S, so splitting is a
+    reshape; position-dependent rules (causal, window) and bias/mask keep the unsplit kernel."""
+    if cfg.is_causal or cfg.window_left >= 0 or cfg.window_right >= 0 or cfg.has_bias or cfg.has_mask:
+        return 1
+    if FORCE_KV_SPLITS is not None:
+        want = FORCE_KV_SPLITS
+    else:
+        if jax.default_backend() != "gpu":
+            return 1
+        ctas = batch * num_heads * -(-seqlen_q // 64)
+        if 2 * ctas > SPLIT_KV_TARGET_CTAS:
+            return 1
+        want = min(-(-SPLIT_KV_TARGET_CTAS // ctas), seqlen_k // SPLIT_KV_MIN_KEYS)
+    for d in range(min(want, seqlen_k), 1, -1):
+        if seqlen_k % d == 0:
+            return d
+    return 1
+
+
+def _forward_split(cfg: _Config, splits: int, q, k, v, qsl, kvsl):
+    """The forward over `splits` key chunks folded into the batch, merged by log-sum-exp (fp32)."""
+    B, T, N, D = q.shape
+    S, K = k.shape[1], k.shape[2]
+    chunk = S // splits
+    qf = jnp.broadcast_to(q[:, None], (B, splits, T, N, D)).reshape(B * splits, T, N, D)
+    kf = k.reshape(B * splits, chunk, K, D)
+    vf = v.reshape(B * splits, chunk, K, D)
+    kv_len = kvsl if cfg.has_kv_seqlen else jnp.full((B,), S, jnp.int32)
+    starts = jnp.arange(splits, dtype=jnp.int32) * chunk
+    chunk_len = jnp.clip(kv_len[:, None] - starts[None, :], 0, chunk).reshape(B * splits).astype(jnp.int32)
+    qslf = jnp.repeat(qsl, splits) if cfg.has_q_seqlen else qsl
+    split_cfg = dataclasses.replace(cfg, has_kv_seqlen=True)
+    bias, mask, qslf, _ = _fill(split_cfg, None, None, qslf, chunk_len)
+    o_parts, lse_parts = _fwd_op(split_cfg)(qf, kf, vf, bias, mask, qslf, chunk_len)
+    lse_parts = lse_parts.reshape(B, splits, N, T)
+    top = jnp.max(lse_parts, axis=1, keepdims=True)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)  # all chunks empty: weights 0, lse -inf, o 0
+    w = jnp.exp(lse_parts - top)  # [B, splits, N, T]; exp(-inf) = 0 for empty chunks
+    total = jnp.sum(w, axis=1)  # [B, N, T]
+    lse = jnp.where(total > 0, jnp.log(jnp.where(total > 0, total, 1.0)) + top[:, 0], -jnp.inf)
+    w = w / jnp.where(total > 0, total, 1.0)[:, None]
+    o_parts = o_parts.reshape(B, splits, T, N, D).astype(jnp.float32)
+    o = jnp.einsum("bsnt,bstnd->btnd", w, o_parts, precision=jax.lax.Precision.HIGHEST)
+    return o.astype(q.dtype), lse.astype(jnp.float32)
+
+
 def _forward(cfg: _Config, q, k, v, bias, mask, qsl, kvsl):
     ins = (q, k, v, bias, mask, qsl, kvsl)
+    splits = kv_splits(cfg, q.shape[0], q.shape[1], k.shape[1], q.shape[2])
+    if splits > 1:
+        return _vary_like(_forward_split(cfg, splits, q, k, v, qsl, kvsl), ins)
     return _vary_like(_fwd_op(cfg)(q, k, v, *_fill(cfg, bias, mask, qsl, kvsl)), ins)
 
 

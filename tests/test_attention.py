@@ -1,5 +1,6 @@
 """CPU tests of jax_ops.dot_product_attention: the CPU twin of the FFI contract against jax.nn and the reference."""
 
+import dataclasses
 import warnings
 
 import jax
@@ -406,3 +407,60 @@ def test_backward_fallback_without_bwd_kernel(monkeypatch):
     g_ref = jax.grad(loss("xla"), (0, 1, 2, 3))(q, k, v, bias)
     for a, b in zip(g, g_ref):
         assert rel_l2(a, b) < 1e-6
+
+
+# ------------------------------------------------------------------------------------------ split-KV
+def test_kv_splits_policy(monkeypatch):
+    cfg = attention._Config(1.0, False, -1, -1, False, False, False, False)
+    monkeypatch.setattr(attention, "FORCE_KV_SPLITS", 4)
+    assert attention.kv_splits(cfg, 1, 1, 1000, 8) == 4
+    assert attention.kv_splits(cfg, 1, 1, 999, 8) == 3  # the largest divisor of S not above the target
+    assert attention.kv_splits(cfg, 1, 1, 997, 8) == 1  # prime S: no reshape possible
+    for kw in (dict(is_causal=True), dict(window_left=5), dict(has_bias=True), dict(has_mask=True)):
+        assert attention.kv_splits(dataclasses.replace(cfg, **kw), 1, 1, 1000, 8) == 1
+    monkeypatch.setattr(attention, "FORCE_KV_SPLITS", None)
+    assert attention.kv_splits(cfg, 1, 1, 1 << 15, 32) == (1 if jax.default_backend() != "gpu" else 8)
+
+
+@pytest.mark.parametrize(
+    "shape,kw",
+    [
+        ((2, 1, 1000, 8, 2, 32), {}),  # decode, GQA
+        ((2, 5, 1000, 4, 4, 16), dict(key_value_seq_lengths=jnp.array([1000, 130], jnp.int32))),
+        (
+            (3, 3, 600, 2, 1, 16),
+            dict(
+                key_value_seq_lengths=jnp.array([0, 599, 150], jnp.int32),  # 0: every chunk empty
+                query_seq_lengths=jnp.array([3, 2, 0], jnp.int32),
+            ),
+        ),
+    ],
+)
+def test_split_kv_matches_unsplit(shape, kw, monkeypatch):
+    # The split path (keys in 4 chunks folded into the batch, merged by log-sum-exp) against the reference:
+    # outputs, residual (log-sum-exp) and gradients; rows with no key stay 0 / -inf.
+    q, k, v = qkv(*shape)
+    ref, ref_lse = jax_ops.dot_product_attention(q, k, v, implementation="xla", return_residual=True, **kw)
+    monkeypatch.setattr(attention, "FORCE_KV_SPLITS", 4)
+    f = lambda q, k, v: jax_ops.dot_product_attention(
+        q, k, v, implementation="ffi", return_residual=True, **kw
+    )  # noqa: E731
+    out, lse = jax.jit(f)(q, k, v)
+    assert rel_l2(out, ref) < TOL[jnp.float32]
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), rtol=1e-5, atol=1e-5)
+    w = jax.random.normal(jax.random.key(5), q.shape)
+    loss = lambda impl: (
+        lambda q, k, v: jnp.sum(  # noqa: E731
+            w * jax_ops.dot_product_attention(q, k, v, implementation=impl, **kw)
+        )
+    )
+    g = jax.jit(jax.grad(loss("ffi"), (0, 1, 2)))(q, k, v)
+    g_ref = jax.grad(loss("xla"), (0, 1, 2))(q, k, v)
+    for a, b in zip(g, g_ref):
+        assert rel_l2(a, b) < 1e-4
+    # vmap over a leading axis goes through the same split path
+    outs = jax.vmap(lambda q: f(q, k, v)[0])(jnp.stack([q, 2 * q]))
+    assert (
+        rel_l2(outs[1], jax_ops.dot_product_attention(2 * q, k, v, implementation="xla", **kw))
+        < TOL[jnp.float32]
+    )

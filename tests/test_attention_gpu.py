@@ -204,3 +204,25 @@ def test_longest_sequence_32k(is_causal, monkeypatch):
         p = np.exp(logits - logits.max())
         ref = (p / p.sum()) @ vn[0, :s_hi, 0]
         assert rel_l2(outs["0"][0, t, 0], ref) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_small_split_kv_decode(dtype, monkeypatch):
+    # Decode (T = 1) with per-batch kv lengths through the split-KV path: forced 8 chunks, and the default policy
+    # (which splits this shape on a GPU), against the fp32 reference.
+    _needs_cuda_target()
+    B, S, N, K, D = 2, 4096, 8, 2, 128
+    q, k, v = inputs(B, 1, S, N, K, D, dtype)
+    kw = dict(key_value_seq_lengths=jnp.array([4096, 1000], jnp.int32))
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    ref = jax_ops.dot_product_attention(f32(q), f32(k), f32(v), implementation="xla", **kw)
+    assert (
+        jax_ops.attention.kv_splits(
+            jax_ops.attention._Config(D**-0.5, False, -1, -1, False, False, False, True), B, 1, S, N
+        )
+        > 1
+    )
+    for forced in (8, None):
+        monkeypatch.setattr(jax_ops.attention, "FORCE_KV_SPLITS", forced)
+        out = jax_ops.dot_product_attention(q, k, v, implementation="ffi", **kw)
+        assert rel_l2(out, ref) < TOL[dtype]
