@@ -1,8 +1,9 @@
 """Suite ``attention``: jax_ops.dot_product_attention vs jax.nn (cuDNN, XLA) and torch SDPA (flash, cuDNN).
 
 Cases: B=1, H=32, D=128 (and D=64), GQA H=32/K=8, N = 512 ... 16384, causal and not, fp16/bf16, forward and
-forward+backward. FLOPs: non-causal forward 4·B·H·N²·D, causal forward 2·B·H·N²·D; backward 2.5x forward (so
-fwd+bwd = 3.5x forward). Each row: time, TFLOP/s, ratio to cuDNN, compiled temp memory, and the max-abs / relative
+forward+backward; decode (T = 1 new token, S = 8192 / 32768 cached keys, GQA 32/8, forward only, with the K/V
+read rate ``kv_GBps``). FLOPs: non-causal forward 4·B·H·T·S·D, causal forward 2·B·H·T·S·D; backward 2.5x forward
+(so fwd+bwd = 3.5x forward). Each row: time, TFLOP/s, ratio to cuDNN, compiled temp memory, and the max-abs / relative
 L2 error of the forward output against an fp32 reference (the XLA path in fp32, skipped when too large).
 Our rows are skipped with a note when the build has no CUDA attention target (on CPU the CPU twin runs);
 XLA rows whose temp memory would exceed ~20 GiB are skipped.
@@ -32,6 +33,7 @@ def _cases(quick: bool, on_gpu: bool):
         ]
         cases.append(dict(H=32, K=8, D=128, N=4096, causal=True, dtype=jnp.bfloat16))
         cases.append(dict(H=32, K=32, D=64, N=4096, causal=True, dtype=jnp.bfloat16))
+        cases.append(_decode_case(32768))
         return cases
     lengths = [512, 1024, 2048, 4096, 8192, 16384]
     cases = []
@@ -42,11 +44,18 @@ def _cases(quick: bool, on_gpu: bool):
     for n in lengths[:4]:
         cases.append(dict(H=32, K=32, D=64, N=n, causal=True, dtype=jnp.bfloat16))
         cases.append(dict(H=32, K=8, D=128, N=n, causal=True, dtype=jnp.bfloat16))
+    cases += [_decode_case(s) for s in (8192, 32768)]
     return cases
 
 
+def _decode_case(s: int) -> dict:
+    """One new token (T = 1) against S cached keys, GQA 32/8: memory-bound (the split-KV path); forward only,
+    with GB/s of K/V read."""
+    return dict(H=32, K=8, D=128, N=s, T=1, causal=False, dtype=jnp.bfloat16, fwd_only=True)
+
+
 def _flops(c, bwd: bool) -> float:
-    fwd = (2 if c["causal"] else 4) * c["H"] * c["N"] ** 2 * c["D"]
+    fwd = (2 if c["causal"] else 4) * c["H"] * c.get("T", c["N"]) * c["N"] * c["D"]
     return fwd * (3.5 if bwd else 1.0)
 
 
@@ -123,18 +132,21 @@ def run(ctx) -> list[dict]:
     cases = _cases(ctx.quick, on_gpu)
     impls = ["jax_ops", "cudnn", "xla"] if on_gpu else ["jax_ops", "xla"]
     rows = []
-    progress = ctx.progress(len(cases) * 2, "attention", rows)
+    progress = ctx.progress(sum(1 if c.get("fwd_only") else 2 for c in cases), "attention", rows)
     for c in cases:
         H, K, D, N, dt = c["H"], c["K"], c["D"], c["N"], c["dtype"]
+        T = c.get("T", N)
         keys = jax.random.split(jax.random.key(N), 3)
-        q = jax.random.normal(keys[0], (1, N, H, D), jnp.float32).astype(dt)
+        q = jax.random.normal(keys[0], (1, T, H, D), jnp.float32).astype(dt)
         k = jax.random.normal(keys[1], (1, N, K, D), jnp.float32).astype(dt)
         v = jax.random.normal(keys[2], (1, N, K, D), jnp.float32).astype(dt)
-        name = f"N={N} H={H}/{K} D={D} {'causal' if c['causal'] else 'full'} {jnp.dtype(dt).name}"
+        shape = f"N={N}" if T == N else f"T={T} S={N}"
+        name = f"{shape} H={H}/{K} D={D} {'causal' if c['causal'] else 'full'} {jnp.dtype(dt).name}"
+        kv_bytes = 2 * N * K * D * jnp.dtype(dt).itemsize
         ref = None
-        if (H * N * N * 4) * 3 < XLA_TEMP_LIMIT:
+        if (H * T * N * 4) * 3 < XLA_TEMP_LIMIT:
             ref = jax.jit(_make_fn(c["causal"], "xla", False))(*(x.astype(jnp.float32) for x in (q, k, v)))
-        for bwd in (False, True):
+        for bwd in (False, True) if not c.get("fwd_only") else (False,):
             mode = "fwd+bwd" if bwd else "fwd"
             times: dict[str, float | None] = {}
             for impl in impls:
@@ -164,12 +176,14 @@ def run(ctx) -> list[dict]:
                     continue
                 times[impl] = t
                 row.update(time_us=t * 1e6, TFLOPs=_flops(c, bwd) / t / 1e12, temp_MiB=(temp or 0) / 2**20)
+                if c.get("fwd_only"):
+                    row["kv_GBps"] = kv_bytes / t / 1e9
                 if not bwd and ref is not None:
                     out = jax.jit(fn)(q, k, v)
                     row["max_abs_err"] = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref)))
                     row["rel_l2_err"] = rel_l2(out, ref)
                 rows.append(row)
-            for name_t, (run_t, torch) in _torch_fns(c).items():
+            for name_t, (run_t, torch) in (_torch_fns(c) if T == N else {}).items():
                 row = {"case": name, "mode": mode, "impl": name_t, "time_us": None}
                 if bwd:
                     row["note"] = "fwd only"
