@@ -338,9 +338,32 @@ def _xla_spmm(indptr, indices, values, b2, alpha, beta, y):
     return out.astype(values.dtype)
 
 
+# SpMM (N > 1) on matrices with few, long rows — e.g. CSR(Aᵀ) of a tall least-squares matrix, 6177 rows of ~900
+# nnz: the group kernel gives each (row, column tile) one group of G lanes, which leaves most of the GPU idle and
+# walks every long row serially. Below _SPMM_MIN_LANES lanes in that grid, with rows averaging at least two split
+# chunks, the product takes the split plan instead (DEFAULT_SPLIT_CHUNK-nnz units, a group each, partials summed
+# per row in unit order: deterministic), whatever the N = 1 plan is. Long-row lists are built in the graph.
+_SPMM_MIN_LANES = 1 << 16
+
+
+def spmm_takes_split(plan: Plan, m: int, nnz: int, n: int, itemsize: int) -> bool:
+    """Whether an N-column product with this plan runs as split (see _SPMM_MIN_LANES)."""
+    if n <= 1 or plan.algorithm not in ("vector", "warp", "cta") or m == 0:
+        return False
+    if nnz < 2 * DEFAULT_SPLIT_CHUNK * m:
+        return False
+    vec = 16 // itemsize if n % (16 // itemsize) == 0 else 1  # the kernel's 16-byte path (when aligned)
+    g = min(32, max(2, 1 << max(0, math.ceil(math.log2(-(-n // vec))))))
+    tiles = -(-n // (g * vec))
+    return m * g * tiles < _SPMM_MIN_LANES
+
+
 def _ffi_spmm(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr, *, plan: Plan):
     m = indptr.shape[0] - 1
     n = b2.shape[1]
+    if spmm_takes_split(plan, m, int(indices.shape[0]), n, np.dtype(values.dtype).itemsize):
+        indptr = _sanitize_indptr(indptr, int(indices.shape[0]))  # split needs a monotone indptr
+        plan, long_rows, long_ptr = _make_plan(indptr, int(indices.shape[0]), m, None, "split", None)
     acc = _acc_dtype(values.dtype)
     out = jax.ShapeDtypeStruct((m, n), values.dtype)
     ws = jax.ShapeDtypeStruct((max(plan.units * n, 1),), acc)

@@ -419,3 +419,28 @@ def test_bad_inputs():
 def test_size_limit_message():
     with pytest.raises(ValueError, match="2\\^31"):
         sparse._check_sizes(2**31, 4, 10)
+
+
+def test_spmm_of_few_long_rows_takes_split():
+    # CSR(Aᵀ) of a tall matrix (few rows of ~1000 nnz): an N > 1 product runs the split plan (units of 256 nnz)
+    # whatever the N = 1 plan, in every entry point: matmat/rmatmat with alpha/beta/y, and vmap of rmatvec (one
+    # SpMM). Results against float64.
+    a = _random_csr(3000, 24, 0.4, np.float32, seed=4)  # Aᵀ: 24 rows of ~1200 nnz
+    pair = sparse.csr_pair(_bcsr(a, np.float32))
+    d = a.toarray().astype(np.float64)
+    assert pair.plan_t.algorithm != "split"
+    assert sparse.spmm_takes_split(pair.plan_t, 24, pair.nnz, 16, 4)
+    assert not sparse.spmm_takes_split(pair.plan_t, 24, pair.nnz, 1, 4)  # SpMV keeps its plan
+    assert not sparse.spmm_takes_split(pair.plan, 3000, pair.nnz, 16, 4)  # short rows keep theirs
+    U, Y = _rand((3000, 16), np.float32), _rand((24, 16), np.float32, seed=2)
+    hlo = jax.jit(lambda p, U: p.rmatmat(U)).lower(pair, U).as_text()
+    assert "algorithm = 2" in hlo and "chunk = 256" in hlo  # the split kernel (code 2) with 256-nnz units
+    al, be = jnp.linspace(-1.0, 1.0, 16), jnp.linspace(2.0, 0.0, 16)
+    out = jax.jit(lambda p, U, Y: p.rmatmat(U, alpha=al, beta=be, y=Y))(pair, U, Y)
+    assert _rel(out, (d.T @ _f64(U)) * np.asarray(al) + _f64(Y) * np.asarray(be)) < 1e-5
+    out = jax.jit(jax.vmap(pair.rmatvec))(U.T)  # [16, 24]
+    assert _rel(out, (d.T @ _f64(U)).T) < 1e-5
+    out = pair.T.matmat(U[:, :5])  # N = 5: the unvectorised column path
+    assert _rel(out, d.T @ _f64(U[:, :5])) < 1e-5
+    g = jax.grad(lambda U: jnp.sum(pair.rmatmat(U) ** 2))(U)  # dU = A (2 Aᵀ U): the forward SpMM of A
+    assert _rel(g, d @ (2 * (d.T @ _f64(U)))) < 1e-5
