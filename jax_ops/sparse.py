@@ -344,6 +344,7 @@ def _xla_spmm(indptr, indices, values, b2, alpha, beta, y):
 # chunks, the product takes the split plan instead (DEFAULT_SPLIT_CHUNK-nnz units, a group each, partials summed
 # per row in unit order: deterministic), whatever the N = 1 plan is. Long-row lists are built in the graph.
 _SPMM_MIN_LANES = 1 << 16
+_SPMM_SPLIT_MAX_WORKSPACE = 1 << 28  # bytes of per-unit partials the split SpMM may take
 
 
 def spmm_takes_split(plan: Plan, m: int, nnz: int, n: int, itemsize: int) -> bool:
@@ -351,6 +352,9 @@ def spmm_takes_split(plan: Plan, m: int, nnz: int, n: int, itemsize: int) -> boo
     if n <= 1 or plan.algorithm not in ("vector", "warp", "cta") or m == 0:
         return False
     if nnz < 2 * DEFAULT_SPLIT_CHUNK * m:
+        return False
+    units_max = nnz // DEFAULT_SPLIT_CHUNK + nnz // (DEFAULT_SPLIT_CHUNK + 1)  # _long_rows_traced's bound
+    if units_max * n * max(itemsize, 4) > _SPMM_SPLIT_MAX_WORKSPACE:
         return False
     vec = 16 // itemsize if n % (16 // itemsize) == 0 else 1  # the kernel's 16-byte path (when aligned)
     g = min(32, max(2, 1 << max(0, math.ceil(math.log2(-(-n // vec))))))
