@@ -464,3 +464,19 @@ def test_split_kv_matches_unsplit(shape, kw, monkeypatch):
         rel_l2(outs[1], jax_ops.dot_product_attention(2 * q, k, v, implementation="xla", **kw))
         < TOL[jnp.float32]
     )
+
+
+def test_split_kv_under_named_sharding(monkeypatch):
+    # The split path folds key chunks into a sharded batch: still no gathers, same result.
+    monkeypatch.setattr(attention, "FORCE_KV_SPLITS", 2)
+    mesh = _mesh()
+    q, k, v = qkv(4, 2, 64, 8, 4, 16)
+    s = NamedSharding(mesh, P("data", None, "model", None))
+    qs, ks, vs = (jax.device_put(x, s) for x in (q, k, v))
+    kvl = jax.device_put(jnp.array([64, 10, 33, 0], jnp.int32), NamedSharding(mesh, P("data")))
+    fwd = jax.jit(lambda q, k, v, lens: jax_ops.dot_product_attention(q, k, v, key_value_seq_lengths=lens))
+    out = fwd(qs, ks, vs, kvl)
+    ref = jax_ops.dot_product_attention(q, k, v, key_value_seq_lengths=kvl, implementation="xla")
+    assert rel_l2(out, ref) < TOL[jnp.float32]
+    hlo = fwd.lower(qs, ks, vs, kvl).compile().as_text()
+    assert "all-gather" not in hlo and "all-to-all" not in hlo
