@@ -172,18 +172,18 @@ def _floor(per_iter_s: float, pair_s: float) -> float | None:
     return per_iter_s / pair_s if pair_s > 0 else None
 
 
+def _unavailable(case: str, impl: str, what: str, e: Exception) -> dict:
+    """The row of an anchor that could not run: ``what`` is "skipped" (not importable) or "failed"."""
+    return {"case": case, "impl": impl, "time_us": None, "note": f"{what}: {type(e).__name__}: {e}"[:120]}
+
+
 def _cupy_row(p, a, b, case, t_ours, pair):
     try:
         import cupy
         import cupyx.scipy.sparse as csp
         from cupyx.scipy.sparse.linalg import lsmr as cupy_lsmr
     except Exception as e:  # noqa: BLE001 - any import failure means the anchor is unavailable
-        return {
-            "case": case,
-            "impl": "cupy",
-            "time_us": None,
-            "note": f"skipped: {type(e).__name__}: {e}"[:120],
-        }
+        return _unavailable(case, "cupy", "skipped", e)
     try:
         a_gpu = csp.csr_matrix(a)
         b_gpu = cupy.asarray(b)
@@ -202,12 +202,7 @@ def _cupy_row(p, a, b, case, t_ours, pair):
             "us_per_iter": t / max(itn, 1) * 1e6, "x_floor": _floor(t / max(itn, 1), pair), "ours_vs": t_ours / t,
         }  # fmt: skip
     except Exception as e:  # noqa: BLE001
-        return {
-            "case": case,
-            "impl": "cupy",
-            "time_us": None,
-            "note": f"failed: {type(e).__name__}: {e}"[:120],
-        }
+        return _unavailable(case, "cupy", "failed", e)
 
 
 def _lineax_row(p, a, b, case, t_ours, pair):
@@ -215,12 +210,7 @@ def _lineax_row(p, a, b, case, t_ours, pair):
         import lineax as lx
         from jax.experimental import sparse
     except Exception as e:  # noqa: BLE001
-        return {
-            "case": case,
-            "impl": "lineax",
-            "time_us": None,
-            "note": f"skipped: {type(e).__name__}: {e}"[:120],
-        }
+        return _unavailable(case, "lineax", "skipped", e)
     try:
         bcsr = sparse.BCSR.from_scipy_sparse(a)
         m, n = a.shape
@@ -254,12 +244,7 @@ def _lineax_row(p, a, b, case, t_ours, pair):
             "compile_s": compile_s,
         }  # fmt: skip
     except Exception as e:  # noqa: BLE001
-        return {
-            "case": case,
-            "impl": "lineax",
-            "time_us": None,
-            "note": f"failed: {type(e).__name__}: {e}"[:120],
-        }
+        return _unavailable(case, "lineax", "failed", e)
 
 
 def _scipy_row(p, a, b, case, t_ours, itn_ours, pair, budget_s: float):
