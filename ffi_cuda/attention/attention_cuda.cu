@@ -54,15 +54,17 @@ ffi::Error WithHalfType(ffi::DataType dtype, Launch&& launch) {
       });
 }
 
-// The Hopper kernel where it applies (Sm90FwdSupports), else the portable mma.sync kernel.
-// JAX_OPS_ATTENTION_PORTABLE=1 forces the portable kernel (tests run both on a Hopper GPU).
+// The Hopper kernel where it applies (Sm90FwdSupports), else the portable mma.sync kernel. The Hopper launcher
+// refuses before launching when the build has no sm_90a code or a TMA tensor map cannot be encoded; the
+// portable kernel then runs instead. JAX_OPS_ATTENTION_PORTABLE=1 forces the portable kernel (tests run both).
 template <typename T>
 cudaError_t LaunchForHeadDim(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                              const DeviceProps& dev) {
   const char* portable = std::getenv("JAX_OPS_ATTENTION_PORTABLE");
   if (Sm90FwdSupports(p, dev.cc_major, dev.cc_minor) && !(portable && std::string(portable) == "1")) {
-    return p.head_dim == 64 ? LaunchAttentionFwdSm90<T, 64, kSm90FwdStages>(stream, p, ptr)
-                            : LaunchAttentionFwdSm90<T, 128, kSm90FwdStages>(stream, p, ptr);
+    const cudaError_t err = p.head_dim == 64 ? LaunchAttentionFwdSm90<T, 64, kSm90FwdStages>(stream, p, ptr)
+                                             : LaunchAttentionFwdSm90<T, 128, kSm90FwdStages>(stream, p, ptr);
+    if (err != kSm90Refused) return err;
   }
   switch (p.head_dim) {
     case 32:

@@ -367,12 +367,12 @@ cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p
                ? attr.binaryVersion
                : 0;
   }();
-  if (binary_version != 90) return cudaErrorNoKernelImageForDevice;
+  if (binary_version != 90) return kSm90Refused;
   sm90::TensorMaps maps;
   if (!sm90::EncodeMap<T>(&maps.q, ptr.q, p.batch, p.seqlen_q, p.num_heads, kHeadDim, Tr::kBlockM) ||
       !sm90::EncodeMap<T>(&maps.k, ptr.k, p.batch, p.seqlen_k, p.num_kv_heads, kHeadDim, Tr::kBlockN) ||
       !sm90::EncodeMap<T>(&maps.v, ptr.v, p.batch, p.seqlen_k, p.num_kv_heads, kHeadDim, Tr::kBlockN))
-    return cudaErrorInvalidValue;
+    return kSm90Refused;
   const int64_t m_blocks = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch));
   sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag>

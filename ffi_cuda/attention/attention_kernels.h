@@ -40,6 +40,9 @@ cudaError_t LaunchAttentionFwd(cudaStream_t stream, const AttentionParams& p, co
 // Hopper (sm_90a only) forward: TMA + wgmma + warp specialisation; head dims 64 and 128, no bias or boolean
 // mask (Sm90FwdSupports). kStages: K/V pipeline depth (the build instantiates kSm90FwdStages).
 inline constexpr int kSm90FwdStages = 3;  // measured: +3-12% over 2 stages at D=128 (H200)
+// What LaunchAttentionFwdSm90 returns, before launching anything, when it cannot run here (no sm_90a machine
+// code in the build, or a TMA tensor map the driver rejects): the caller runs the portable kernel instead.
+inline constexpr cudaError_t kSm90Refused = cudaErrorNotSupported;
 template <typename T, int kHeadDim, int kStages, int kDiag = 0>
 cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr);
 inline bool Sm90FwdSupports(const AttentionParams& p, int cc_major, int cc_minor) {
