@@ -156,7 +156,7 @@ def run(ctx) -> list[dict]:
                 fn = _make_fn(c["causal"], implementation, bwd)
 
                 if impl == "jax_ops" and not have_ours:
-                    row["note"] = "no CUDA attention target in this build (kernel not written yet)"
+                    row["note"] = "no CUDA attention target in this build (built without CUDA)"
                     rows.append(row)
                     continue
                 if impl == "xla" and ctx.quick and N > 4096:
