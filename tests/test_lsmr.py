@@ -27,16 +27,6 @@ import jax_ops  # noqa: E402
 from jax_ops import lsmr_solver  # noqa: E402
 
 
-@pytest.fixture
-def x64():
-    old = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", old)
-
-
 def _gen(m, n, colscale=0.0, density=0.01, seed=1, dtype=np.float64):
     """Random sparse matrix + 0.5*I, columns scaled by logspace(0, colscale) (larger colscale: more iterations)."""
     rng = np.random.default_rng(seed)

@@ -40,16 +40,6 @@ def _solve_on(device, a, b, **kw):
         return jax.tree_util.tree_map(np.asarray, out)
 
 
-@pytest.fixture
-def x64():
-    old = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_x64", old)
-
-
 @pytest.mark.parametrize(
     "m,n,kw", [(2000, 400, {}), (2000, 400, dict(damp=0.5)), (400, 2000, {}), (2000, 400, dict(maxiter=7))]
 )
