@@ -187,24 +187,33 @@ __global__ void __launch_bounds__(384, 1)
   };
   // Scale to the log2 domain, mask, online-softmax update of tile j's S in place (S becomes P); returns the
   // rescale factors of O and of the running sums in corr.
-  auto softmax = [&](int j, float (&corr)[2]) {
+  // masked (std::true_type / std::false_type): a boundary tile, whose elements need the position test. Two
+  // instantiations behind a uniform branch (softmax_tile), so interior tiles carry no masking code: written as one
+  // body, the compiler if-converts the test into ~200 predicated instructions per tile on every tile.
+  auto softmax = [&](int j, float (&corr)[2], auto masked) {
     if constexpr (kDiag == 2) {
       corr[0] = corr[1] = 1.f;
       return;
     }
     const int64_t s0 = int64_t{tile_lo + j} * kBN;
-    const bool interior = s0 >= inner.lo && s0 + kBN <= inner.hi;
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
+    for (int e = 0; e < kBN / 2; ++e) s[e] *= scale_log2;
+    // Column c of the tile is allowed for row i when lo[i] <= c < hi[i] (tile-relative, clamped to [0, kBN], so
+    // the per-element test is two 32-bit compares).
+    if constexpr (decltype(masked)::value) {
+      int lo[2], hi[2];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[nt * 4 + e] * scale_log2;
-        if (!interior) {
-          const int i = e >> 1;
-          const int64_t col = s0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-          if (col < row_keys[i].lo || col >= row_keys[i].hi) x = -INFINITY;
+      for (int i = 0; i < 2; ++i) {
+        lo[i] = static_cast<int>(Min64(Max64(row_keys[i].lo - s0, 0), kBN));
+        hi[i] = static_cast<int>(Min64(Max64(row_keys[i].hi - s0, 0), kBN));
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = nt * 8 + (lane & 3) * 2 + (e & 1);
+          if (c < lo[e >> 1] || c >= hi[e >> 1]) s[nt * 4 + e] = -INFINITY;
         }
-        s[nt * 4 + e] = x;
       }
     }
 #pragma unroll
@@ -225,6 +234,14 @@ __global__ void __launch_bounds__(384, 1)
         sum += s[nt * 4 + 2 * i] + s[nt * 4 + 2 * i + 1];
       }
       row_sum[i] = row_sum[i] * corr[i] + sum;
+    }
+  };
+  auto softmax_tile = [&](int j, float (&corr)[2]) {
+    const int64_t s0 = int64_t{tile_lo + j} * kBN;
+    if (s0 >= inner.lo && s0 + kBN <= inner.hi) {
+      softmax(j, corr, std::false_type{});
+    } else {
+      softmax(j, corr, std::true_type{});
     }
   };
   auto rescale_o_and_pack_p = [&](const float (&corr)[2]) {
@@ -261,7 +278,7 @@ __global__ void __launch_bounds__(384, 1)
     if (!(cw == 1 && num_tiles == 1)) NamedBarrierArrive(other_turn, 256);
     WgmmaWait<0>();
     FenceRegs(s);
-    softmax(0, corr);
+    softmax_tile(0, corr);
     rescale_o_and_pack_p(corr);
     for (int j = 1; j < num_tiles; ++j) {
       if (kDiag != 1 || j < kStages) MbarWait(k_full + j % kStages, (j / kStages) & 1);
@@ -271,7 +288,7 @@ __global__ void __launch_bounds__(384, 1)
       if (!(cw == 1 && j == num_tiles - 1)) NamedBarrierArrive(other_turn, 256);
       WgmmaWait<1>();  // S(j) done; PV(j-1) may still run (it reads pa, untouched until it ends)
       FenceRegs(s);
-      softmax(j, corr);
+      softmax_tile(j, corr);
       WgmmaWait<0>();
       FenceRegs(acc_o);
       release(j - 1);
