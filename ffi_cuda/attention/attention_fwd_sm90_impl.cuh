@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(384, 1)
   float acc_o[kHeadDim / 2];
 #pragma unroll
   for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_max[2] = {-INFINITY, -INFINITY};  // of the raw scores (scale > 0: Sm90FwdSupports)
   float row_sum[2] = {0.f, 0.f};
   const float scale_log2 = p.scale * kLog2e;
 
@@ -196,8 +196,6 @@ __global__ void __launch_bounds__(384, 1)
       return;
     }
     const int64_t s0 = int64_t{tile_lo + j} * kBN;
-#pragma unroll
-    for (int e = 0; e < kBN / 2; ++e) s[e] *= scale_log2;
     // Column c of the tile is allowed for row i when lo[i] <= c < hi[i] (tile-relative, clamped to [0, kBN], so
     // the per-element test is two 32-bit compares).
     if constexpr (decltype(masked)::value) {
@@ -222,15 +220,17 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * i], s[nt * 4 + 2 * i + 1]));
       mx = QuadMax(mx);
+      // The max of the raw scores scales to the max of the logits because scale > 0, so each probability is
+      // one FFMA + one ex2: exp2(s * scale_log2 - max * scale_log2).
       const float new_max = fmaxf(row_max[i], mx);
-      const float offset = new_max == -INFINITY ? 0.f : new_max;  // no -inf - -inf
-      corr[i] = FastExp2(row_max[i] - offset);
+      const float offset = new_max == -INFINITY ? 0.f : new_max * scale_log2;  // no -inf - -inf
+      corr[i] = FastExp2(fmaf(row_max[i], scale_log2, -offset));
       row_max[i] = new_max;
       float sum = 0.f;
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
-        s[nt * 4 + 2 * i] = FastExp2(s[nt * 4 + 2 * i] - offset);
-        s[nt * 4 + 2 * i + 1] = FastExp2(s[nt * 4 + 2 * i + 1] - offset);
+        s[nt * 4 + 2 * i] = FastExp2(fmaf(s[nt * 4 + 2 * i], scale_log2, -offset));
+        s[nt * 4 + 2 * i + 1] = FastExp2(fmaf(s[nt * 4 + 2 * i + 1], scale_log2, -offset));
         sum += s[nt * 4 + 2 * i] + s[nt * 4 + 2 * i + 1];
       }
       row_sum[i] = row_sum[i] * corr[i] + sum;
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(384, 1)
     const float l = QuadSum(row_sum[i]);
     inv[i] = l > 0.f ? 1.f / l : 0.f;
     if ((lane & 3) == 0 && rows[i] < p.seqlen_q)
-      ptr.lse[p.LseOffset(b, n, rows[i])] = l > 0.f ? (row_max[i] + log2f(l)) / kLog2e : -INFINITY;
+      ptr.lse[p.LseOffset(b, n, rows[i])] = l > 0.f ? row_max[i] * p.scale + log2f(l) / kLog2e : -INFINITY;
   }
 #pragma unroll
   for (int dt = 0; dt < kDT; ++dt) {

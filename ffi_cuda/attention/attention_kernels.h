@@ -46,8 +46,9 @@ inline constexpr cudaError_t kSm90Refused = cudaErrorNotSupported;
 template <typename T, int kHeadDim, int kStages, int kDiag = 0>
 cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr);
 inline bool Sm90FwdSupports(const AttentionParams& p, int cc_major, int cc_minor) {
+  // scale > 0: the kernel takes the row max of the raw scores (one FFMA per probability).
   return cc_major == 9 && cc_minor == 0 && (p.head_dim == 64 || p.head_dim == 128) && !p.has_bias && !p.has_mask &&
-         p.seqlen_q < (int64_t{1} << 31) && p.seqlen_k < (int64_t{1} << 31);
+         p.scale > 0.f && p.seqlen_q < (int64_t{1} << 31) && p.seqlen_k < (int64_t{1} << 31);
 }
 
 // Backward without bias gradient: dq, dk, dv. kHeadDim: 32, 64, 96, 128 (256 would spill the accumulators).
