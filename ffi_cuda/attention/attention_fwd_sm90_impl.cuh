@@ -29,10 +29,10 @@
 namespace jax_ops::attention {
 namespace sm90 {
 
-template <int kHeadDim, int kStagesT = 2>
+template <int kHeadDim, int kStagesT = 2, int kBlockNT = 128>
 struct FwdTraits {
   static constexpr int kBlockM = 128;  // two consumer warpgroups x 64 rows
-  static constexpr int kBlockN = 128;
+  static constexpr int kBlockN = kBlockNT;
   static constexpr int kStages = kStagesT;
   static constexpr int kThreads = 384;
   static constexpr int kPanels = kHeadDim / 64;        // 64-element (128-byte) column panels of a head row
@@ -53,11 +53,11 @@ struct TensorMaps {
 // kDiag (timing experiments of ffi_cuda/tools/attention_fwd_bench.cu only; results are wrong when set):
 // 1 = load only the first kStages K/V tiles and reuse them (no memory traffic in the loop),
 // 2 = skip the softmax arithmetic (P = S).
-template <typename T, int kHeadDim, int kStagesT, int kDiag = 0>
+template <typename T, int kHeadDim, int kStagesT, int kDiag = 0, int kBlockNT = 128>
 __global__ void __launch_bounds__(384, 1)
     AttentionFwdSm90Kernel(const AttentionParams p, const FwdPointers ptr, const __grid_constant__ TensorMaps maps) {
 #if JAX_OPS_SM90
-  using Tr = FwdTraits<kHeadDim, kStagesT>;
+  using Tr = FwdTraits<kHeadDim, kStagesT, kBlockNT>;
   constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kStages = Tr::kStages;
   constexpr int kNT = kBN / 8;  // 8-column tiles of S per thread row pair
   constexpr int kDT = kHeadDim / 8;
@@ -369,18 +369,19 @@ bool EncodeMap(CUtensorMap* map, const void* base, int64_t batch, int64_t rows, 
 
 }  // namespace sm90
 
-template <typename T, int kHeadDim, int kStages, int kDiag>
+template <typename T, int kHeadDim, int kStages, int kDiag, int kBlockN>
 cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr) {
-  using Tr = sm90::FwdTraits<kHeadDim, kStages>;
+  using Tr = sm90::FwdTraits<kHeadDim, kStages, kBlockN>;
   if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
   static const cudaError_t attr_status =
-      cudaFuncSetAttribute(sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag>,
+      cudaFuncSetAttribute(sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag, kBlockN>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
   if (attr_status != cudaSuccess) return attr_status;
   // A build without sm_90a machine code would run the empty (non-sm90a) body: refuse instead of returning garbage.
   static const int binary_version = [] {
     cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag>) == cudaSuccess
+    return cudaFuncGetAttributes(&attr, sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag, kBlockN>) ==
+                   cudaSuccess
                ? attr.binaryVersion
                : 0;
   }();
@@ -392,7 +393,7 @@ cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p
     return kSm90Refused;
   const int64_t m_blocks = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch));
-  sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag>
+  sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag, kBlockN>
       <<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, ptr, maps);
   return cudaGetLastError();
 }

@@ -43,7 +43,7 @@ inline constexpr int kSm90FwdStages = 3;  // measured: +3-12% over 2 stages at D
 // What LaunchAttentionFwdSm90 returns, before launching anything, when it cannot run here (no sm_90a machine
 // code in the build, or a TMA tensor map the driver rejects): the caller runs the portable kernel instead.
 inline constexpr cudaError_t kSm90Refused = cudaErrorNotSupported;
-template <typename T, int kHeadDim, int kStages, int kDiag = 0>
+template <typename T, int kHeadDim, int kStages, int kDiag = 0, int kBlockN = 128>
 cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr);
 inline bool Sm90FwdSupports(const AttentionParams& p, int cc_major, int cc_minor) {
   // scale > 0: the kernel takes the row max of the raw scores (one FFMA per probability).

@@ -10,7 +10,7 @@ import subprocess
 
 # (n, operand A source): "ss" = A and B from shared-memory descriptors, "rs" = A from registers, B transposed
 # (MN-major) from shared memory.
-SHAPES = [(128, "ss"), (64, "ss"), (128, "rs"), (64, "rs")]
+SHAPES = [(176, "ss"), (128, "ss"), (64, "ss"), (128, "rs"), (64, "rs")]
 DTYPES = [("__half", "f16"), ("__nv_bfloat16", "bf16")]
 
 
