@@ -23,7 +23,8 @@ CUDA kernels float16/bfloat16 and head dims 32, 64, 96, 128, 256 (others fall ba
 Split-KV: when the grid of the forward kernel would be small (decode, ``T`` small, few heads) and nothing ties a
 key to its absolute position (no causal/window, bias or mask), the keys are split into ``kv_splits`` equal chunks
 folded into the batch (a reshape, no copy of K/V), one kernel call computes every chunk's output and log-sum-exp,
-and the chunks are merged with their log-sum-exp weights in fp32.
+and the chunks are merged with their log-sum-exp weights in fp32. With GQA and few query rows (decode), the query
+heads of a group are packed into the rows of one head first (``packs_gqa``), so K/V are read once per group.
 
 Autodiff: ``custom_vjp``; the forward saves O and the fp32 log-sum-exp, the backward target recomputes P.
 ``bias`` gets a gradient (reduced over its broadcast dims inside the kernel). ``vmap`` folds the mapped axis into
@@ -297,6 +298,7 @@ def _rule(cfg: _Config, bwd: bool, mesh, value_types, result_types):
     S, K = shapes[1][1], shapes[1][2]
     full = {"b": B, "n": N, "t": T, "s": S}
     fresh = iter(f"z{i}" for i in range(64))
+    heads = "(k g)" if N != K else "k"  # Shardy rejects a size-1 factor inside a compound dim
 
     def bcast(shape):
         names = []
@@ -304,13 +306,13 @@ def _rule(cfg: _Config, bwd: bool, mesh, value_types, result_types):
             if d != full[f] or d == 1:
                 names.append(next(fresh))
             else:
-                names.append("(k g)" if f == "n" else f)
+                names.append(heads if f == "n" else f)
         return " ".join(names)
 
     def seq(shape, present):
         return "b" if present and shape == (B,) else next(fresh)
 
-    qs, ks = "b t (k g) d", "b s k d"
+    qs, ks = f"b t {heads} d", "b s k d"
     ins = [
         qs,
         ks,
@@ -321,12 +323,14 @@ def _rule(cfg: _Config, bwd: bool, mesh, value_types, result_types):
         seq(shapes[6], cfg.has_kv_seqlen),
     ]
     if bwd:
-        ins += [qs, "b (k g) t", qs]
+        ins += [qs, f"b {heads} t", qs]
         outs = [qs, ks, ks, bcast(shapes[3])]
     else:
-        outs = [qs, "b (k g) t"]
+        outs = [qs, f"b {heads} t"]
     rule = ", ".join(ins) + " -> " + ", ".join(outs)
     # Special factors must be listed in the order the rule first uses them (q's dims, then k's).
+    if N == K:
+        return rule, {"need_replication_factors": ("t", "d", "s")}
     return rule, {"need_replication_factors": ("t", "g", "d", "s"), "g": N // K}
 
 
@@ -543,8 +547,38 @@ def _forward_split(cfg: _Config, splits: int, q, k, v, qsl, kvsl):
     return o.astype(q.dtype), lse.astype(jnp.float32)
 
 
+# GQA packing: with few query rows (decode), the G query heads that share a kv head become G·T rows of one head,
+# so each K/V tile is read once per group instead of once per query head. Position-free calls only (no causal,
+# window, bias or mask: those tie a row to its position t); query lengths scale by G. At most one Hopper CTA of
+# rows after packing.
+GQA_PACK_MAX_ROWS = 128
+
+
+def packs_gqa(cfg: _Config, seqlen_q: int, num_heads: int, num_kv_heads: int) -> bool:
+    """Whether the forward packs the query heads of each GQA group into the rows of one head."""
+    if cfg.is_causal or cfg.window_left >= 0 or cfg.window_right >= 0 or cfg.has_bias or cfg.has_mask:
+        return False
+    groups = num_heads // num_kv_heads
+    return groups > 1 and seqlen_q * groups <= GQA_PACK_MAX_ROWS
+
+
+def _forward_gqa_packed(cfg: _Config, q, k, v, qsl, kvsl):
+    """The forward with q [B,T,K·G,D] seen as [B,T·G,K,D] (row t·G+g of kv head k is query head k·G+g)."""
+    B, T, N, D = q.shape
+    K = k.shape[2]
+    G = N // K
+    qp = q.reshape(B, T, K, G, D).transpose(0, 1, 3, 2, 4).reshape(B, T * G, K, D)
+    qslp = qsl * G if cfg.has_q_seqlen else qsl
+    o, lse = _forward(cfg, qp, k, v, None, None, qslp, kvsl)
+    o = o.reshape(B, T, G, K, D).transpose(0, 1, 3, 2, 4).reshape(B, T, N, D)
+    lse = lse.reshape(B, K, T, G).transpose(0, 1, 3, 2).reshape(B, N, T)
+    return o, lse
+
+
 def _forward(cfg: _Config, q, k, v, bias, mask, qsl, kvsl):
     ins = (q, k, v, bias, mask, qsl, kvsl)
+    if packs_gqa(cfg, q.shape[1], q.shape[2], k.shape[2]):
+        return _vary_like(_forward_gqa_packed(cfg, q, k, v, qsl, kvsl), ins)
     splits = kv_splits(cfg, q.shape[0], q.shape[1], k.shape[1], q.shape[2])
     if splits > 1:
         return _vary_like(_forward_split(cfg, splits, q, k, v, qsl, kvsl), ins)

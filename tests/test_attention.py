@@ -276,9 +276,10 @@ def _mesh():
     return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
 
 
-def test_named_sharding_jit_no_gather():
+@pytest.mark.parametrize("kv_heads", [4, 8])  # GQA groups of 2, and MHA (the Shardy rule has no group factor)
+def test_named_sharding_jit_no_gather(kv_heads):
     mesh = _mesh()
-    q, k, v = qkv(4, 16, 24, 8, 4, 16)
+    q, k, v = qkv(4, 16, 24, 8, kv_heads, 16)
     bias = jax.random.normal(jax.random.key(1), (1, 8, 16, 24))
     s_q = NamedSharding(mesh, P("data", None, "model", None))
     s_b = NamedSharding(mesh, P(None, "model", None, None))
@@ -464,6 +465,32 @@ def test_split_kv_matches_unsplit(shape, kw, monkeypatch):
         rel_l2(outs[1], jax_ops.dot_product_attention(2 * q, k, v, implementation="xla", **kw))
         < TOL[jnp.float32]
     )
+
+
+def test_gqa_packing_policy_and_result():
+    # Few query rows with GQA: the group's query heads become rows of one head (K/V read once per group).
+    cfg = attention._Config(0.25, False, -1, -1, False, False, True, True)
+    assert attention.packs_gqa(cfg, 1, 32, 8) and attention.packs_gqa(cfg, 32, 32, 8)
+    assert not attention.packs_gqa(cfg, 33, 32, 8)  # more than GQA_PACK_MAX_ROWS rows once packed
+    assert not attention.packs_gqa(cfg, 1, 8, 8)  # no groups
+    for kw in (dict(is_causal=True), dict(window_right=3), dict(has_bias=True), dict(has_mask=True)):
+        assert not attention.packs_gqa(dataclasses.replace(cfg, **kw), 1, 32, 8)
+    q, k, v = qkv(2, 3, 50, 6, 2, 16)
+    kw = dict(
+        query_seq_lengths=jnp.array([3, 1], jnp.int32), key_value_seq_lengths=jnp.array([50, 7], jnp.int32)
+    )
+    ref, ref_lse = jax_ops.dot_product_attention(q, k, v, implementation="xla", return_residual=True, **kw)
+    out, lse = jax.jit(
+        lambda q, k, v: jax_ops.dot_product_attention(q, k, v, implementation="ffi", return_residual=True, **kw)
+    )(q, k, v)
+    assert rel_l2(out, ref) < TOL[jnp.float32]
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), rtol=1e-5, atol=1e-5)
+    w = jax.random.normal(jax.random.key(6), q.shape)
+    loss = lambda impl: lambda q, k, v: jnp.sum(  # noqa: E731
+        w * jax_ops.dot_product_attention(q, k, v, implementation=impl, **kw)
+    )
+    for a, b in zip(jax.grad(loss("ffi"), (0, 1, 2))(q, k, v), jax.grad(loss("xla"), (0, 1, 2))(q, k, v)):
+        assert rel_l2(a, b) < 1e-4
 
 
 def test_split_kv_under_named_sharding(monkeypatch):
