@@ -481,13 +481,17 @@ def test_gqa_packing_policy_and_result():
     )
     ref, ref_lse = jax_ops.dot_product_attention(q, k, v, implementation="xla", return_residual=True, **kw)
     out, lse = jax.jit(
-        lambda q, k, v: jax_ops.dot_product_attention(q, k, v, implementation="ffi", return_residual=True, **kw)
+        lambda q, k, v: jax_ops.dot_product_attention(
+            q, k, v, implementation="ffi", return_residual=True, **kw
+        )
     )(q, k, v)
     assert rel_l2(out, ref) < TOL[jnp.float32]
     np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), rtol=1e-5, atol=1e-5)
     w = jax.random.normal(jax.random.key(6), q.shape)
-    loss = lambda impl: lambda q, k, v: jnp.sum(  # noqa: E731
-        w * jax_ops.dot_product_attention(q, k, v, implementation=impl, **kw)
+    loss = lambda impl: (
+        lambda q, k, v: jnp.sum(  # noqa: E731
+            w * jax_ops.dot_product_attention(q, k, v, implementation=impl, **kw)
+        )
     )
     for a, b in zip(jax.grad(loss("ffi"), (0, 1, 2))(q, k, v), jax.grad(loss("xla"), (0, 1, 2))(q, k, v)):
         assert rel_l2(a, b) < 1e-4

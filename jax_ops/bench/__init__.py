@@ -1,4 +1,5 @@
-"""Benchmarks: ``python -m jax_ops.bench <suite> [--quick] [--json F] [--plot F]``.
+"""Benchmarks: ``python -m jax_ops.bench <suite> [--quick] [--only SUBSTR ...] [--json F] [--plot F]``
+(``--only`` keeps the cases whose name contains one of the substrings).
 
 Every suite module exposes ``run(ctx: Context) -> list[dict]``: one dict per (case, implementation) with at
 least ``case``, ``impl`` and ``time_us`` (None when skipped, with a ``note``); anchors are timed in the same
@@ -32,6 +33,10 @@ SUITES = {
 class Context:
     quick: bool
     ceilings: Ceilings
+    only: tuple[str, ...] = ()  # --only: keep the cases whose name contains one of these (all when empty)
+
+    def selected(self, case_name: str) -> bool:
+        return not self.only or any(s in case_name for s in self.only)
 
     def progress(self, total: int, label: str, rows: list[dict] | None = None) -> Progress:
         return Progress(total, label, rows)

@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jax_ops.bench", description=__doc__)
     parser.add_argument("suite", choices=[*SUITES, "all"])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer cases")
+    parser.add_argument(
+        "--only", action="append", default=[], help="keep the cases whose name contains this (repeatable)"
+    )
     parser.add_argument("--json", help="write results (rows, ceilings, device) to this file")
     parser.add_argument("--plot", help="write a PNG plot to this file (needs matplotlib)")
     args = parser.parse_args(argv)
@@ -88,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         f"ceilings: copy {ceilings.copy_gbps:.0f} GB/s, bf16 dot {ceilings.bf16_tflops:.1f} TFLOP/s",
         file=sys.stderr,
     )
-    ctx = Context(quick=args.quick, ceilings=ceilings)
+    ctx = Context(quick=args.quick, ceilings=ceilings, only=tuple(args.only))
     names = list(SUITES) if args.suite == "all" else [args.suite]
     rows: list[dict] = []
     for name in names:

@@ -54,6 +54,12 @@ def _decode_case(s: int) -> dict:
     return dict(H=32, K=8, D=128, N=s, T=1, causal=False, dtype=jnp.bfloat16, fwd_only=True)
 
 
+def _case_name(c) -> str:
+    shape = f"N={c['N']}" if c.get("T", c["N"]) == c["N"] else f"T={c['T']} S={c['N']}"
+    causal = "causal" if c["causal"] else "full"
+    return f"{shape} H={c['H']}/{c['K']} D={c['D']} {causal} {jnp.dtype(c['dtype']).name}"
+
+
 def _flops(c, bwd: bool) -> float:
     fwd = (2 if c["causal"] else 4) * c["H"] * c.get("T", c["N"]) * c["N"] * c["D"]
     return fwd * (3.5 if bwd else 1.0)
@@ -129,7 +135,7 @@ def _make_step(fn, bwd: bool):
 def run(ctx) -> list[dict]:
     on_gpu = jax.default_backend() == "gpu"
     have_ours = (not on_gpu) or attention.FWD_TARGET in _ffi.target_names("CUDA")
-    cases = _cases(ctx.quick, on_gpu)
+    cases = [c for c in _cases(ctx.quick, on_gpu) if ctx.selected(_case_name(c))]
     impls = ["jax_ops", "cudnn", "xla"] if on_gpu else ["jax_ops", "xla"]
     rows = []
     progress = ctx.progress(sum(1 if c.get("fwd_only") else 2 for c in cases), "attention", rows)
@@ -140,8 +146,7 @@ def run(ctx) -> list[dict]:
         q = jax.random.normal(keys[0], (1, T, H, D), jnp.float32).astype(dt)
         k = jax.random.normal(keys[1], (1, N, K, D), jnp.float32).astype(dt)
         v = jax.random.normal(keys[2], (1, N, K, D), jnp.float32).astype(dt)
-        shape = f"N={N}" if T == N else f"T={T} S={N}"
-        name = f"{shape} H={H}/{K} D={D} {'causal' if c['causal'] else 'full'} {jnp.dtype(dt).name}"
+        name = _case_name(c)
         kv_bytes = 2 * N * K * D * jnp.dtype(dt).itemsize
         ref = None
         if (H * T * N * 4) * 3 < XLA_TEMP_LIMIT:

@@ -272,11 +272,9 @@ def _scipy_row(p, a, b, case, t_ours, itn_ours, pair, budget_s: float):
 def run(ctx) -> list[dict]:
     on_gpu = jax.default_backend() == "gpu"
     problems = _problems(ctx.quick, on_gpu)
-    # Knobs for a short GPU check: JAX_OPS_BENCH_LSMR_ONLY (substring of the problem names to keep) and
-    # JAX_OPS_BENCH_SCIPY_BUDGET_S (SciPy's time cap per problem; its row compares time per iteration anyway).
-    only = os.environ.get("JAX_OPS_BENCH_LSMR_ONLY")
-    if only:
-        problems = [p for p in problems if only in p.name]
+    problems = [p for p in problems if ctx.selected(p.name)]
+    # Knob for a short GPU check: JAX_OPS_BENCH_SCIPY_BUDGET_S (SciPy's time cap per problem; its row compares
+    # time per iteration anyway).
     scipy_budget = float(os.environ.get("JAX_OPS_BENCH_SCIPY_BUDGET_S", 5.0 if ctx.quick else 20.0))
     rows: list[dict] = []
     progress = ctx.progress(len(problems) * 4, "lsmr", rows)

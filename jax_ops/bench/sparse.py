@@ -173,7 +173,7 @@ def run(ctx) -> list[dict]:
     have_cupy = on_gpu and _cupy_anchor()
     ns = [8, 32, 128]
     rows: list[dict] = []
-    all_cases = cases(quick)
+    all_cases = [c for c in cases(quick) if ctx.selected(c[0])]
     progress = ctx.progress(len(all_cases), "sparse", rows)
     for name, gen, extra_dtypes in all_cases:
         t0 = time.perf_counter()
