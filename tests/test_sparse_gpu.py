@@ -182,6 +182,23 @@ def test_vmap_matvec_runs_spmm_on_gpu():
     assert _rel(jax.jit(jax.vmap(pair.rmatvec))(U), (a.T @ U64.T).T) < 1e-5
 
 
+def test_small_spmm_of_few_long_rows():
+    # CSR(Aᵀ) of a tall matrix (24 rows of ~1200 nnz): N > 1 products take the split plan (spmm_takes_split) on
+    # the GPU too; with alpha/beta/y, without, and vmap of rmatvec, against float64.
+    a = sp.random(
+        3000, 24, density=0.4, format="csr", random_state=np.random.default_rng(4), dtype=np.float64
+    )
+    pair = sparse.csr_pair(_bcsr(a, np.float32, _gpu()))
+    assert sparse.spmm_takes_split(pair.plan_t, 24, pair.nnz, 16, 4)
+    U, U64 = _dense_in((3000, 16), np.float32, _gpu())
+    Y, Y64 = _dense_in((24, 16), np.float32, _gpu(), seed=2)
+    al, be = jnp.linspace(-1.0, 1.0, 16), jnp.linspace(2.0, 0.0, 16)
+    out = jax.jit(lambda p, U, Y: p.rmatmat(U, alpha=al, beta=be, y=Y))(pair, U, Y)
+    assert _rel(out, (a.T @ U64) * np.asarray(al) + Y64 * np.asarray(be)) < 1e-5
+    assert _rel(jax.jit(lambda p, U: p.rmatmat(U))(pair, U), a.T @ U64) < 1e-5
+    assert _rel(jax.jit(jax.vmap(pair.rmatvec))(U.T), (a.T @ U64).T) < 1e-5
+
+
 def test_small_deterministic():
     a = _power_law(5000, 5000, seed=9, max_len=4000)
     pair = sparse.csr_pair(_bcsr(a, np.float32, _gpu()), split_chunk=256)
