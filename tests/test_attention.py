@@ -423,6 +423,25 @@ def test_kv_splits_policy(monkeypatch):
     assert attention.kv_splits(cfg, 1, 1, 1 << 15, 32) == (1 if jax.default_backend() != "gpu" else 8)
 
 
+def _assert_matches_reference(q, k, v, kw, seed):
+    """Our kernel path (under jit) against the reference: output, log-sum-exp residual, gradients of q, k, v."""
+    ref, ref_lse = jax_ops.dot_product_attention(q, k, v, implementation="xla", return_residual=True, **kw)
+    f = lambda q, k, v: jax_ops.dot_product_attention(  # noqa: E731
+        q, k, v, implementation="ffi", return_residual=True, **kw
+    )
+    out, lse = jax.jit(f)(q, k, v)
+    assert rel_l2(out, ref) < TOL[jnp.float32]
+    np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), rtol=1e-5, atol=1e-5)
+    w = jax.random.normal(jax.random.key(seed), q.shape)
+
+    def loss(impl):
+        return lambda q, k, v: jnp.sum(w * jax_ops.dot_product_attention(q, k, v, implementation=impl, **kw))
+
+    g = jax.jit(jax.grad(loss("ffi"), (0, 1, 2)))(q, k, v)
+    for a, b in zip(g, jax.grad(loss("xla"), (0, 1, 2))(q, k, v)):
+        assert rel_l2(a, b) < 1e-4
+
+
 @pytest.mark.parametrize(
     "shape,kw",
     [
@@ -441,26 +460,12 @@ def test_split_kv_matches_unsplit(shape, kw, monkeypatch):
     # The split path (keys in 4 chunks folded into the batch, merged by log-sum-exp) against the reference:
     # outputs, residual (log-sum-exp) and gradients; rows with no key stay 0 / -inf.
     q, k, v = qkv(*shape)
-    ref, ref_lse = jax_ops.dot_product_attention(q, k, v, implementation="xla", return_residual=True, **kw)
     monkeypatch.setattr(attention, "FORCE_KV_SPLITS", 4)
-    f = lambda q, k, v: jax_ops.dot_product_attention(
-        q, k, v, implementation="ffi", return_residual=True, **kw
-    )  # noqa: E731
-    out, lse = jax.jit(f)(q, k, v)
-    assert rel_l2(out, ref) < TOL[jnp.float32]
-    np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), rtol=1e-5, atol=1e-5)
-    w = jax.random.normal(jax.random.key(5), q.shape)
-    loss = lambda impl: (
-        lambda q, k, v: jnp.sum(  # noqa: E731
-            w * jax_ops.dot_product_attention(q, k, v, implementation=impl, **kw)
-        )
-    )
-    g = jax.jit(jax.grad(loss("ffi"), (0, 1, 2)))(q, k, v)
-    g_ref = jax.grad(loss("xla"), (0, 1, 2))(q, k, v)
-    for a, b in zip(g, g_ref):
-        assert rel_l2(a, b) < 1e-4
+    _assert_matches_reference(q, k, v, kw, seed=5)
     # vmap over a leading axis goes through the same split path
-    outs = jax.vmap(lambda q: f(q, k, v)[0])(jnp.stack([q, 2 * q]))
+    outs = jax.vmap(lambda q: jax_ops.dot_product_attention(q, k, v, implementation="ffi", **kw))(
+        jnp.stack([q, 2 * q])
+    )
     assert (
         rel_l2(outs[1], jax_ops.dot_product_attention(2 * q, k, v, implementation="xla", **kw))
         < TOL[jnp.float32]
@@ -479,22 +484,7 @@ def test_gqa_packing_policy_and_result():
     kw = dict(
         query_seq_lengths=jnp.array([3, 1], jnp.int32), key_value_seq_lengths=jnp.array([50, 7], jnp.int32)
     )
-    ref, ref_lse = jax_ops.dot_product_attention(q, k, v, implementation="xla", return_residual=True, **kw)
-    out, lse = jax.jit(
-        lambda q, k, v: jax_ops.dot_product_attention(
-            q, k, v, implementation="ffi", return_residual=True, **kw
-        )
-    )(q, k, v)
-    assert rel_l2(out, ref) < TOL[jnp.float32]
-    np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse), rtol=1e-5, atol=1e-5)
-    w = jax.random.normal(jax.random.key(6), q.shape)
-    loss = lambda impl: (
-        lambda q, k, v: jnp.sum(  # noqa: E731
-            w * jax_ops.dot_product_attention(q, k, v, implementation=impl, **kw)
-        )
-    )
-    for a, b in zip(jax.grad(loss("ffi"), (0, 1, 2))(q, k, v), jax.grad(loss("xla"), (0, 1, 2))(q, k, v)):
-        assert rel_l2(a, b) < 1e-4
+    _assert_matches_reference(q, k, v, kw, seed=6)
 
 
 def test_split_kv_under_named_sharding(monkeypatch):
