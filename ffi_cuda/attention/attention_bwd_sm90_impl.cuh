@@ -115,7 +115,9 @@ struct DkDvTraits {
 };
 
 // kDvEarly: issue dV += P^T dO before computing dS^T (overlaps them; needs 16 more registers).
-template <typename T, int kHeadDim, int kStages, bool kDvEarly>
+// kPingPong: the two consumer warpgroups take turns issuing S^T / dP^T (named barriers 3 and 4, as the forward),
+// so one's exponentials overlap the other's GEMMs.
+template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong>
 __global__ void __launch_bounds__(384, 1)
     DkDvSm90Kernel(const AttentionParams p, const FwdPointers ptr, const BwdPointers bp,
                    const __grid_constant__ BwdTensorMaps maps) {
@@ -154,7 +156,10 @@ __global__ void __launch_bounds__(384, 1)
     MbarInit(kv_full, 1);
     for (int s = 0; s < kStages; ++s) {
       MbarInit(q_full + s, 1 + 32);  // the TMA thread's expect_tx + the 32 lanes of warp 1
-      MbarInit(q_empty + s, 8);      // one arrival per consumer warp
+      // Every consumer thread arrives: each reads the stage's lse2 / delta with plain loads, and an arrival
+      // releases only its own thread's accesses (one elected lane per warp would leave warp 1's next stores
+      // racing with the other lanes' reads in the PTX memory model; compute-sanitizer racecheck flags it).
+      MbarInit(q_empty + s, 256);
     }
     FenceBarrierInit();
   }
@@ -314,21 +319,24 @@ __global__ void __launch_bounds__(384, 1)
       pds[nt / 2][(nt & 1) * 2 + 1] = Mma<T>::Pack(x2, x3);
     }
   };
-  auto release = [&](int j) {
-    __syncwarp();
-    if (lane == 0) MbarArrive(q_empty + j % kStages);
-  };
+  auto release = [&](int j) { MbarArrive(q_empty + j % kStages); };
 
   // Per tile j: S^T and dP^T are issued together, P^T is computed while dP^T runs (and, with kDvEarly, dS^T while
   // dV runs). The tile ends with every GEMM done: keeping dV/dK in flight into the next tile's S^T/dP^T needs
   // more than the 240 registers (ptxas then serialises the wgmmas); the other consumer warpgroup fills the gaps.
+  // Ping-pong turns: each warpgroup syncs once per tile on its own barrier and arrives once on the other's;
+  // warpgroup 1 opens the first turn for warpgroup 0 and skips its last arrival, so the counts match.
+  const int my_turn = 3 + cw, other_turn = 4 - cw;
   if (iters > 0) {
     MbarWait(kv_full, 0);
+    if (kPingPong && cw == 1) NamedBarrierArrive(3, 256);
     for (int j = 0; j < iters; ++j) {
       const int stage = j % kStages;
       const int t0 = (tile_lo + j % tiles) * kBM;
       MbarWait(q_full + stage, (j / kStages) & 1);
+      if (kPingPong) NamedBarrier(my_turn, 256);
       issue_s_dp(stage);
+      if (kPingPong && !(cw == 1 && j == iters - 1)) NamedBarrierArrive(other_turn, 256);
       WgmmaWait<1>();  // S^T(j) done
       FenceRegs(st);
       if (t0 >= inner_lo && t0 <= inner_hi - kBM) {
@@ -386,7 +394,8 @@ struct DqTraits {
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 
-template <typename T, int kHeadDim, int kBlockN, int kStages>
+// kPingPong: as DkDvSm90Kernel, for S / dP.
+template <typename T, int kHeadDim, int kBlockN, int kStages, bool kPingPong>
 __global__ void __launch_bounds__(384, 1)
     DqSm90Kernel(const AttentionParams p, const FwdPointers ptr, const BwdPointers bp,
                  const __grid_constant__ BwdTensorMaps maps) {
@@ -570,10 +579,14 @@ __global__ void __launch_bounds__(384, 1)
     if (lane == 0) MbarArrive(kv_empty + j % kStages);
   };
 
+  const int my_turn = 3 + cw, other_turn = 4 - cw;
   if (num_tiles > 0) {
     MbarWait(q_full, 0);
+    if (kPingPong && cw == 1) NamedBarrierArrive(3, 256);
     for (int j = 0; j < num_tiles; ++j) {
+      if (kPingPong) NamedBarrier(my_turn, 256);
       issue_s_dp(j);
+      if (kPingPong && !(cw == 1 && j == num_tiles - 1)) NamedBarrierArrive(other_turn, 256);
       if (j > 0) {
         WgmmaWait<2>();  // dQ(j - 1) done: its K stage can be refilled
         FenceRegs(acc_dq);
@@ -619,7 +632,8 @@ __global__ void __launch_bounds__(384, 1)
 
 // kParts (timing experiments of ffi_cuda/tools/attention_bwd_bench.cu only; results are wrong unless 7): bit 0 the
 // delta kernel, bit 1 the dK/dV kernel, bit 2 the dQ kernel.
-template <typename T, int kHeadDim, int kDkDvStages, bool kDvEarly, int kDqBlockN, int kDqStages, int kParts = 7>
+template <typename T, int kHeadDim, int kDkDvStages, bool kDvEarly, int kDqBlockN, int kDqStages,
+          bool kPingPong = false, int kParts = 7>
 cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                           const BwdPointers& bp) {
   using DkDv = sm90::DkDvTraits<kHeadDim, kDkDvStages>;
@@ -629,10 +643,10 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   const int64_t q_tiles = (p.seqlen_q + DkDv::kBlockM - 1) / DkDv::kBlockM;
   if (p.seqlen_q == 0 || p.seqlen_k == 0 || q_tiles * p.group >= (int64_t{1} << 31)) return kSm90Refused;
   static const cudaError_t attr_status = [] {
-    cudaError_t e = cudaFuncSetAttribute(sm90::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly>,
+    cudaError_t e = cudaFuncSetAttribute(sm90::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, DkDv::kSmemBytes);
     if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(sm90::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages>,
+      e = cudaFuncSetAttribute(sm90::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, Dq::kSmemBytes);
     return e;
   }();
@@ -640,9 +654,10 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   // A build without sm_90a machine code would run the empty (non-sm90a) bodies: refuse instead of returning garbage.
   static const bool sm90_code = [] {
     cudaFuncAttributes a{}, c{};
-    return cudaFuncGetAttributes(&a, sm90::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly>) == cudaSuccess &&
+    return cudaFuncGetAttributes(&a, sm90::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong>) ==
+               cudaSuccess &&
            a.binaryVersion == 90 &&
-           cudaFuncGetAttributes(&c, sm90::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages>) == cudaSuccess &&
+           cudaFuncGetAttributes(&c, sm90::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>) == cudaSuccess &&
            c.binaryVersion == 90;
   }();
   if (!sm90_code) return kSm90Refused;
@@ -667,7 +682,7 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   if (kParts & 2) {
     const dim3 grid(static_cast<unsigned>((S + DkDv::kBlockN - 1) / DkDv::kBlockN), static_cast<unsigned>(K),
                     static_cast<unsigned>(B));
-    sm90::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly>
+    sm90::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong>
         <<<grid, DkDv::kThreads, DkDv::kSmemBytes, stream>>>(p, ptr, bp, kv_maps);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
@@ -675,7 +690,7 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   if (kParts & 4) {
     const dim3 grid(static_cast<unsigned>((T_ + Dq::kBlockM - 1) / Dq::kBlockM), static_cast<unsigned>(N),
                     static_cast<unsigned>(B));
-    sm90::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages>
+    sm90::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>
         <<<grid, Dq::kThreads, Dq::kSmemBytes, stream>>>(p, ptr, bp, q_maps);
   }
   return cudaGetLastError();

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -28,7 +29,7 @@
 using namespace jax_ops::attention;
 
 // A hung kernel would burn the whole GPU session: every step bumps this clock and a watchdog exits when one
-// takes longer than 20 s.
+// takes longer than 20 s (ABB_WATCHDOG_S).
 std::atomic<int64_t> g_progress_ms{0};
 const char* g_step = "start";
 int64_t NowMs() {
@@ -41,11 +42,13 @@ void Progress(const char* step) {
 }
 void StartWatchdog() {
   Progress("start");
-  std::thread([] {
+  const char* env = std::getenv("ABB_WATCHDOG_S");  // longer under compute-sanitizer
+  const int limit_s = env ? std::atoi(env) : 20;
+  std::thread([limit_s] {
     for (;;) {
       std::this_thread::sleep_for(std::chrono::seconds(1));
-      if (NowMs() - g_progress_ms.load() > 20000) {
-        std::printf("WATCHDOG: no progress for 20 s in step '%s' (hang?)\n", g_step);
+      if (NowMs() - g_progress_ms.load() > 1000 * limit_s) {
+        std::printf("WATCHDOG: no progress for %d s in step '%s' (hang?)\n", limit_s, g_step);
         std::fflush(stdout);
         std::_Exit(3);
       }
@@ -108,13 +111,14 @@ AttentionParams MakeParams(const Case& c) {
 }
 
 // Kernel under test: 0 = portable; 1.. = Hopper variants (kVariantNames). Parts (bit mask) only for timing.
-constexpr int kVariants = 6;
+constexpr int kVariants = 7;
 const char* kVariantNames[kVariants] = {"sm80",
                                         "sm90 (default)",
                                         "sm90 dkdv 3-stage",
                                         "sm90 dkdv dV-early flipped",
                                         "sm90 dq 3-stage",
-                                        "sm90 dq 64-key tiles"};
+                                        "sm90 dq 64-key tiles",
+                                        "sm90 ping-pong"};
 template <typename T, int D, int kParts = 7>
 cudaError_t LaunchVariant(int variant, const AttentionParams& p, const FwdPointers& ptr, const BwdPointers& bp) {
   constexpr bool kEarly = kSm90BwdDvEarly<D>;
@@ -123,8 +127,8 @@ cudaError_t LaunchVariant(int variant, const AttentionParams& p, const FwdPointe
     case 0:
       return LaunchAttentionBwd<T, D>(nullptr, p, ptr, bp);
     case 1:  // what LaunchAttentionBwdSm90 runs
-      return LaunchAttentionBwdSm90Variant<T, D, kSm90BwdDkDvStages, kEarly, kDqN, kSm90BwdDqStages, kParts>(nullptr, p,
-                                                                                                             ptr, bp);
+      return LaunchAttentionBwdSm90Variant<T, D, kSm90BwdDkDvStages, kEarly, kDqN, kSm90BwdDqStages, false, kParts>(
+          nullptr, p, ptr, bp);
     case 2:
       return LaunchAttentionBwdSm90Variant<T, D, 3, kEarly, kDqN, kSm90BwdDqStages>(nullptr, p, ptr, bp);
     case 3:
@@ -137,6 +141,9 @@ cudaError_t LaunchVariant(int variant, const AttentionParams& p, const FwdPointe
         return LaunchAttentionBwdSm90Variant<T, D, kSm90BwdDkDvStages, kEarly, 64, kSm90BwdDqStages>(nullptr, p, ptr,
                                                                                                      bp);
       return cudaErrorNotSupported;
+    case 6:
+      return LaunchAttentionBwdSm90Variant<T, D, kSm90BwdDkDvStages, kEarly, kDqN, kSm90BwdDqStages, true>(nullptr, p,
+                                                                                                           ptr, bp);
   }
   return cudaErrorInvalidValue;
 }
