@@ -229,3 +229,50 @@ def test_small_split_kv_decode(dtype, monkeypatch):
         monkeypatch.setattr(jax_ops.attention, "FORCE_KV_SPLITS", forced)
         out = jax_ops.dot_product_attention(q, k, v, implementation="ffi", **kw)
         assert rel_l2(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize(
+    "shape,kw",
+    [
+        ((2, 300, 517, 4, 2, 128), dict(is_causal=True)),
+        ((2, 300, 517, 4, 1, 64), dict()),
+        ((1, 1, 1000, 4, 1, 64), dict()),
+        ((2, 1000, 1, 2, 2, 128), dict()),
+        ((1, 777, 777, 2, 2, 128), dict(is_causal=True, local_window_size=(100, 0))),
+        ((1, 500, 700, 4, 2, 64), dict(local_window_size=(64, 8))),
+        (
+            (2, 640, 640, 4, 4, 64),
+            dict(
+                is_causal=True,
+                query_seq_lengths=jnp.array([500, 640], jnp.int32),
+                key_value_seq_lengths=jnp.array([333, 17], jnp.int32),
+            ),
+        ),
+    ],
+)
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_small_backward_kernels_both_paths(shape, kw, dtype, monkeypatch):
+    # Head dims 64/128 without bias/mask take the Hopper backward (attention_bwd_sm90_impl.cuh) on an H100/H200;
+    # the env var forces the portable one. Both against the fp32 reference's gradients, and against each other.
+    _needs_cuda_target()
+    q, k, v = inputs(*shape, dtype)
+    w = jax.random.normal(jax.random.key(1), q.shape, jnp.float32)
+
+    def loss(impl):
+        return lambda q, k, v: jnp.sum(
+            w * jax_ops.dot_product_attention(q, k, v, implementation=impl, **kw).astype(jnp.float32)
+        )
+
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    g_ref = jax.grad(loss("xla"), (0, 1, 2))(f32(q), f32(k), f32(v))
+    grads = {}
+    for portable in ("0", "1"):
+        monkeypatch.setenv(PORTABLE_ENV, portable)
+        # The handler reads the env var each time it runs, so a cached executable still switches paths.
+        g = jax.grad(loss("ffi"), (0, 1, 2))(q, k, v)
+        for name, a, b in zip(("dq", "dk", "dv"), g, g_ref):
+            err = rel_l2(a, b)
+            assert err < 2 * TOL[dtype], f"{name} (portable={portable}): rel L2 {err:.2e}"
+        grads[portable] = [np.asarray(a, np.float32) for a in g]
+    for a, b in zip(grads["0"], grads["1"]):
+        assert rel_l2(a, b) < 2 * TOL[dtype]

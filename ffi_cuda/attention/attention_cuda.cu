@@ -54,14 +54,19 @@ ffi::Error WithHalfType(ffi::DataType dtype, Launch&& launch) {
       });
 }
 
+// JAX_OPS_ATTENTION_PORTABLE=1 forces the portable kernels, forward and backward (the tests run both paths).
+bool PortableForced() {
+  const char* portable = std::getenv("JAX_OPS_ATTENTION_PORTABLE");
+  return portable && std::string(portable) == "1";
+}
+
 // The Hopper kernel where it applies (Sm90FwdSupports), else the portable mma.sync kernel. The Hopper launcher
 // refuses before launching when the build has no sm_90a code or a TMA tensor map cannot be encoded; the
-// portable kernel then runs instead. JAX_OPS_ATTENTION_PORTABLE=1 forces the portable kernel (tests run both).
+// portable kernel then runs instead.
 template <typename T>
 cudaError_t LaunchForHeadDim(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                              const DeviceProps& dev) {
-  const char* portable = std::getenv("JAX_OPS_ATTENTION_PORTABLE");
-  if (Sm90FwdSupports(p, dev.cc_major, dev.cc_minor) && !(portable && std::string(portable) == "1")) {
+  if (Sm90FwdSupports(p, dev.cc_major, dev.cc_minor) && !PortableForced()) {
     const cudaError_t err = p.head_dim == 64 ? LaunchAttentionFwdSm90<T, 64, kSm90FwdStages>(stream, p, ptr)
                                              : LaunchAttentionFwdSm90<T, 128, kSm90FwdStages>(stream, p, ptr);
     if (err != kSm90Refused) return err;
@@ -105,9 +110,16 @@ ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
                       [&](auto tag) { return LaunchForHeadDim<typename decltype(tag)::type>(stream, p, ptr, **dev); });
 }
 
+// As the forward: the Hopper kernels where they apply (Sm90BwdSupports) unless refused or overridden, else the
+// portable ones.
 template <typename T>
 cudaError_t LaunchBwdForHeadDim(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
-                                const BwdPointers& bp) {
+                                const BwdPointers& bp, const DeviceProps& dev) {
+  if (Sm90BwdSupports(p, dev.cc_major, dev.cc_minor) && !PortableForced()) {
+    const cudaError_t err = p.head_dim == 64 ? LaunchAttentionBwdSm90<T, 64>(stream, p, ptr, bp)
+                                             : LaunchAttentionBwdSm90<T, 128>(stream, p, ptr, bp);
+    if (err != kSm90Refused) return err;
+  }
   switch (p.head_dim) {
     case 32:
       return LaunchAttentionBwd<T, 32>(stream, p, ptr, bp);
@@ -142,13 +154,15 @@ ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
   JAX_OPS_CHECK_ARG(hd == 32 || hd == 64 || hd == 96 || hd == 128,
                     "the CUDA attention backward supports head dims 32, 64, 96, 128; got " << hd);
   JAX_OPS_RETURN_IF_ERROR(CheckGridLimits(p));
+  auto dev = CurrentDeviceProps();
+  if (dev.has_error()) return dev.error();
   const FwdPointers ptr = InputPointers(q, k, v, bias, mask, q_seqlen, kv_seqlen);
   BwdPointers bp{o.untyped_data(),   static_cast<const float*>(lse.untyped_data()),
                  d_o.untyped_data(), dq->untyped_data(),
                  dk->untyped_data(), dv->untyped_data()};
   JAX_OPS_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(dbias->untyped_data(), 0, dbias->size_bytes(), stream));
-  return WithHalfType(p.dtype,
-                      [&](auto tag) { return LaunchBwdForHeadDim<typename decltype(tag)::type>(stream, p, ptr, bp); });
+  return WithHalfType(
+      p.dtype, [&](auto tag) { return LaunchBwdForHeadDim<typename decltype(tag)::type>(stream, p, ptr, bp, **dev); });
 }
 
 }  // namespace

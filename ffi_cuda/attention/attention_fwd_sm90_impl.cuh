@@ -334,39 +334,6 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-// cuTensorMapEncodeTiled from the driver, looked up once through the runtime (no link against libcuda).
-inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult qres;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &qres) !=
-            cudaSuccess ||
-        qres != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// Map of a dense [B, rows, heads, D] tensor; box = 64 elements x 1 head x box_rows rows x 1 batch, 128B swizzle.
-template <typename T>
-bool EncodeMap(CUtensorMap* map, const void* base, int64_t batch, int64_t rows, int64_t heads, int64_t head_dim,
-               int box_rows) {
-  const auto encode = TensorMapEncoder();
-  if (encode == nullptr) return false;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(heads),
-                              static_cast<cuuint64_t>(rows), static_cast<cuuint64_t>(batch)};
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(head_dim * 2), static_cast<cuuint64_t>(heads * head_dim * 2),
-                                 static_cast<cuuint64_t>(rows * heads * head_dim * 2)};
-  const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(box_rows), 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType dtype =
-      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  return encode(map, dtype, 4, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 }  // namespace sm90
 
 template <typename T, int kHeadDim, int kStages, int kDiag, int kBlockN>

@@ -56,4 +56,24 @@ template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionBwd(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                const BwdPointers& bp);
 
+// Hopper (sm_90a only) backward: TMA + wgmma + warp specialisation (attention_bwd_sm90_impl.cuh); head dims 64
+// and 128, no bias or boolean mask. Deterministic, like the portable one; uses dq as its delta workspace. Returns
+// kSm90Refused before launching anything when it cannot run here.
+// Tiling defaults, measured on an H200 (ffi_cuda/tools/attention_bwd_bench.cu; 3 stages were 0-4% slower):
+inline constexpr int kSm90BwdDkDvStages = 2;  // Q/dO pipeline depth of the dK/dV kernel
+inline constexpr int kSm90BwdDqStages = 2;    // K/V pipeline depth of the dQ kernel
+// Keys per K/V tile of the dQ kernel: 128 at D = 64 (+4-5%); at D = 128 they would serialise the wgmmas (registers).
+template <int kHeadDim>
+inline constexpr int kSm90BwdDqBlockN = kHeadDim == 64 ? 128 : 64;
+// dK/dV kernel: issue dV += P^T dO before computing dS^T (overlap) at D = 64; at D = 128 after (1-3% faster).
+template <int kHeadDim>
+inline constexpr bool kSm90BwdDvEarly = kHeadDim < 128;
+template <typename T, int kHeadDim>
+cudaError_t LaunchAttentionBwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
+                                   const BwdPointers& bp);
+inline bool Sm90BwdSupports(const AttentionParams& p, int cc_major, int cc_minor) {
+  return cc_major == 9 && cc_minor == 0 && (p.head_dim == 64 || p.head_dim == 128) && !p.has_bias && !p.has_mask &&
+         p.scale > 0.f && p.seqlen_q < (int64_t{1} << 31) && p.seqlen_k < (int64_t{1} << 31);
+}
+
 }  // namespace jax_ops::attention

@@ -4,9 +4,13 @@
 #pragma once
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/attention_mma.cuh"
 #include "attention/attention_wgmma.cuh"
@@ -140,6 +144,74 @@ __device__ __forceinline__ float FastExp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// Epilogue of a 64-row wgmma accumulator tile (m64nD fp32: thread (warp, lane) holds rows warp*16 + lane/4 and
+// +8, columns dt*8 + (lane&3)*2 and +1): scaled per row and rounded to T into shared memory in the 128-byte-swizzled
+// tile layout (rows of 128 bytes, 64-column panels `panel_bytes` apart; `rows` 1024-byte aligned), so that the
+// global stores can be whole 16-byte row chunks (SmemRowsToGlobal) instead of 4-byte scattered ones.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void AccToSmemRows(const float (&acc)[kHeadDim / 2], const float (&scale)[2],
+                                              unsigned char* rows, int panel_bytes, int warp, int lane) {
+#pragma unroll
+  for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = warp * 16 + (lane >> 2) + 8 * i;
+      const int d = dt * 8 + (lane & 3) * 2;
+      const int chunk = (d & 63) >> 3;
+      unsigned char* dst = rows + (d >> 6) * panel_bytes + r * 128 + ((chunk ^ (r & 7)) << 4) + (d & 7) * 2;
+      *reinterpret_cast<uint32_t*>(dst) =
+          Mma<T>::Pack(acc[dt * 4 + 2 * i] * scale[i], acc[dt * 4 + 2 * i + 1] * scale[i]);
+    }
+  }
+}
+
+// The 64 rows written by AccToSmemRows to global memory (row r at dst + r * row_stride), rows >= valid_rows
+// skipped; the 128 threads of a warpgroup (tid) store consecutive 16-byte chunks.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void SmemRowsToGlobal(const unsigned char* rows, int panel_bytes, T* dst, int64_t row_stride,
+                                                 int valid_rows, int tid) {
+  constexpr int kChunks = kHeadDim / 8;
+  for (int idx = tid; idx < 64 * kChunks; idx += 128) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    if (r >= valid_rows) continue;
+    const unsigned char* src = rows + (c >> 3) * panel_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+    *reinterpret_cast<uint4*>(dst + r * row_stride + c * 8) = *reinterpret_cast<const uint4*>(src);
+  }
+}
+
+// cuTensorMapEncodeTiled from the driver, looked up once through the runtime (no link against libcuda).
+inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult qres;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &qres) !=
+            cudaSuccess ||
+        qres != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// Map of a dense [B, rows, heads, D] tensor; box = 64 elements x 1 head x box_rows rows x 1 batch, 128B swizzle.
+template <typename T>
+bool EncodeMap(CUtensorMap* map, const void* base, int64_t batch, int64_t rows, int64_t heads, int64_t head_dim,
+               int box_rows) {
+  const auto encode = TensorMapEncoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(rows), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(head_dim * 2), static_cast<cuuint64_t>(heads * head_dim * 2),
+                                 static_cast<cuuint64_t>(rows * heads * head_dim * 2)};
+  const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType dtype =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return encode(map, dtype, 4, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 }  // namespace jax_ops::attention::sm90
