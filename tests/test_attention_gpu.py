@@ -265,14 +265,24 @@ def test_small_backward_kernels_both_paths(shape, kw, dtype, monkeypatch):
 
     f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
     g_ref = jax.grad(loss("xla"), (0, 1, 2))(f32(q), f32(k), f32(v))
+    # With one key (S = 1) P is identically 1, so dS = P (dP - delta) and with it dq and dk are exactly 0: every
+    # implementation returns rounding noise there, which a relative error cannot judge. Those two are held to an
+    # absolute bound on the scale of dv instead.
+    scale = float(np.max(np.abs(np.asarray(g_ref[2]))))
+
+    def err(name, a, b):
+        if shape[2] == 1 and name in ("dq", "dk"):
+            return float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32)))) / scale
+        return rel_l2(a, b)
+
     grads = {}
     for portable in ("0", "1"):
         monkeypatch.setenv(PORTABLE_ENV, portable)
         # The handler reads the env var each time it runs, so a cached executable still switches paths.
         g = jax.grad(loss("ffi"), (0, 1, 2))(q, k, v)
         for name, a, b in zip(("dq", "dk", "dv"), g, g_ref):
-            err = rel_l2(a, b)
-            assert err < 2 * TOL[dtype], f"{name} (portable={portable}): rel L2 {err:.2e}"
+            e = err(name, a, b)
+            assert e < 2 * TOL[dtype], f"{name} (portable={portable}): error {e:.2e}"
         grads[portable] = [np.asarray(a, np.float32) for a in g]
-    for a, b in zip(grads["0"], grads["1"]):
-        assert rel_l2(a, b) < 2 * TOL[dtype]
+    for name, a, b in zip(("dq", "dk", "dv"), grads["0"], grads["1"]):
+        assert err(name, a, b) < 2 * TOL[dtype], name
