@@ -14,6 +14,10 @@
 //     registers, dV += P^T dO and dK += dS^T Q (wgmma with A from registers: the accumulator layout of S^T is
 //     wgmma's A-register layout). It loops over the G query heads of its group (the GQA sum stays in registers)
 //     and the query tiles that can see its keys.
+//     kCluster = J > 1 (GQA, experimental): a cluster of J CTAs shares the key block, each loops over G / J of
+//     the group's heads, and the J partial dK/dV are summed in a fixed order through distributed shared memory
+//     (DkDvClusterReduce); each rank then stores 128 / J of the block's key rows. Deterministic; not bitwise
+//     equal to J = 1 (another summation order).
 //   DqSm90Kernel: CTA = 128 query rows of one (batch, head), Q and dO resident, K/V tiles streamed like the
 //     forward: S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K. It recomputes delta from O and dO (it
 //     cannot read the dq buffer it overwrites).
@@ -28,6 +32,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "attention/attention_kernels.h"
@@ -112,12 +118,82 @@ struct DkDvTraits {
   // + 1 KiB so the tiles can start on a 1024-byte boundary (the swizzle atom).
   static constexpr int kSmemBytes = 2 * kKvBytes + kStages * (2 * kQBytes + kStatBytes) + kBarrierBytes + 1024;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  // Cluster reduction slots (DkDvClusterSlots) reuse the K / V tiles and the Q / dO stages, contiguous from the
+  // first tile and free once the main loop is done.
+  static constexpr int kTileBytes = 2 * kKvBytes + kStages * 2 * kQBytes;
 };
+
+// kCluster > 1: the reduction of the J partial dK / dV accumulators of a cluster (see the top of the file), called
+// by the 256 consumer threads of every CTA after their main loop. Rows are owned per consumer warp (16 keys):
+// warp slot g = 4 cw + warp belongs to rank g J / 8, so each rank finalises 128 / J consecutive key rows and all of
+// its owner warps sit in one warpgroup. After a first cluster barrier (every CTA is done with its pipeline tiles,
+// which hold the slots), non-owners push their accumulators into the owner CTA's slot for (owned warp, source
+// rank) — remote stores do not stall, and the owners then read local shared memory. After a second (release /
+// acquire) barrier the owners add their slots in the order rank + 1, rank + 2, ... (mod J): the owner of an
+// element is fixed, so is its summation order (bitwise deterministic). Slots: 16-byte chunks laid out
+// [owned warp][source][chunk][lane], so a warp's stores and loads are 512 contiguous bytes. Returns whether this
+// thread owns its rows; no cross-CTA access follows (the non-owners may exit).
+template <int kHeadDim, int kCluster>
+struct DkDvClusterSlots {
+  static constexpr int kChunks = kHeadDim / 4;      // float4 chunks per thread: dK then dV
+  static constexpr int kSlotBytes = kChunks * 512;  // one warp's partial dK and dV
+  static constexpr int kOwnedWarps = 8 / kCluster;
+  static constexpr int kBytes = kOwnedWarps * (kCluster - 1) * kSlotBytes;
+};
+// acc (kN floats, 16-byte chunks 512 bytes apart) to distributed shared memory / acc += local shared memory.
+template <int kN>
+__device__ __forceinline__ void PushChunks(const float (&acc)[kN], uint32_t dst) {
+#pragma unroll
+  for (int c = 0; c < kN / 4; ++c)
+    StSharedClusterV4(dst + c * 512, make_float4(acc[4 * c], acc[4 * c + 1], acc[4 * c + 2], acc[4 * c + 3]));
+}
+template <int kN>
+__device__ __forceinline__ void AddChunks(float (&acc)[kN], uint32_t src) {
+  __syncwarp();  // keeps ptxas from hoisting every load of the reduction ahead of the adds (spills)
+#pragma unroll
+  for (int c = 0; c < kN / 4; ++c) {
+    const float4 x = LdSharedV4(src + c * 512);
+    acc[4 * c] += x.x;
+    acc[4 * c + 1] += x.y;
+    acc[4 * c + 2] += x.z;
+    acc[4 * c + 3] += x.w;
+  }
+}
+template <int kHeadDim, int kCluster>
+__device__ __forceinline__ bool DkDvClusterReduce(float (&acc_dk)[kHeadDim / 2], float (&acc_dv)[kHeadDim / 2],
+                                                  uint32_t slots, int rank, int cw, int warp, int lane) {
+  using Sl = DkDvClusterSlots<kHeadDim, kCluster>;
+  constexpr int kDvOffset = Sl::kChunks / 2 * 512;  // dV's chunks follow dK's
+  const int g = cw * 4 + warp;
+  const int owner_rank = g / Sl::kOwnedWarps, g_local = g % Sl::kOwnedWarps;
+  const bool owner = owner_rank == rank;
+  ClusterArriveRelaxed();  // the tiles' last readers (wgmma) have waited for their reads
+  ClusterWait();
+  if (!owner) {
+    const int o = (rank - owner_rank + kCluster) % kCluster;  // 1..J-1
+    const uint32_t dst =
+        MapSharedRank(slots + (g_local * (kCluster - 1) + o - 1) * Sl::kSlotBytes + lane * 16, owner_rank);
+    PushChunks(acc_dk, dst);
+    PushChunks(acc_dv, dst + kDvOffset);
+  }
+  ClusterArrive();  // release: the pushes above; acquire below
+  ClusterWait();
+  if (owner) {
+#pragma unroll
+    for (int o = 1; o < kCluster; ++o) {
+      const uint32_t src = slots + (g_local * (kCluster - 1) + o - 1) * Sl::kSlotBytes + lane * 16;
+      AddChunks(acc_dk, src);
+      AddChunks(acc_dv, src + kDvOffset);
+    }
+  }
+  return owner;
+}
 
 // kDvEarly: issue dV += P^T dO before computing dS^T (overlaps them; needs 16 more registers).
 // kPingPong: the two consumer warpgroups take turns issuing S^T / dP^T (named barriers 3 and 4, as the forward),
 // so one's exponentials overlap the other's GEMMs.
-template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong>
+// kCluster: CTAs per cluster sharing one key block's group of query heads (1, 2 or 4; must divide the group).
+template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster = 1>
 __global__ void __launch_bounds__(384, 1)
     DkDvSm90Kernel(const AttentionParams p, const FwdPointers ptr, const BwdPointers bp,
                    const __grid_constant__ BwdTensorMaps maps) {
@@ -138,7 +214,13 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* q_full = bars + 1;  // Q, dO (TMA) + lse2, delta (producer warp 1) of a stage
   uint64_t* q_empty = q_full + kStages;
 
-  const int64_t s0 = int64_t{blockIdx.x} * kBN, kh = blockIdx.y, b = blockIdx.z;  // causal: heavy blocks first
+  static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "cluster of 1, 2 or 4 CTAs");
+  // Cluster (kCluster, 1, 1): the ranks of one key block are consecutive in x, so blockIdx.x % kCluster is the
+  // CTA's rank in the cluster (%cluster_ctarank). Causal: heavy blocks first.
+  const int rank = kCluster == 1 ? 0 : static_cast<int>(blockIdx.x % kCluster);
+  const int64_t s0 = int64_t{blockIdx.x / kCluster} * kBN, kh = blockIdx.y, b = blockIdx.z;
+  const int heads = static_cast<int>(p.group) / kCluster;  // query heads of this CTA (the launcher checks J | G)
+  const int head0 = static_cast<int>(kh * p.group) + rank * heads;  // its first one (TMA coordinates are int)
   const int wg = threadIdx.x / 128;
   const auto [q_len, kv_len] = SeqLensOf(p, ptr, b);
   // Query tiles that can see some key of the block: from the first key's lo to the last valid key's hi.
@@ -150,7 +232,7 @@ __global__ void __launch_bounds__(384, 1)
   }
   const int tile_lo = q_hi > q_lo ? static_cast<int>(q_lo / kBM) : 0;
   const int tiles = q_hi > q_lo ? static_cast<int>((q_hi + kBM - 1) / kBM) - tile_lo : 0;
-  const int iters = tiles * static_cast<int>(p.group);  // the launcher checks that this fits
+  const int iters = tiles * heads;  // the launcher checks that this fits
 
   if (threadIdx.x == 0) {
     MbarInit(kv_full, 1);
@@ -181,7 +263,7 @@ __global__ void __launch_bounds__(384, 1)
       for (int j = 0; j < iters; ++j) {
         const int stage = j % kStages;
         if (j >= kStages) MbarWait(q_empty + stage, ((j / kStages) - 1) & 1);
-        const int n = static_cast<int>(kh * p.group) + j / tiles;
+        const int n = head0 + j / tiles;
         const int t0 = (tile_lo + j % tiles) * kBM;
         MbarArriveExpectTx(q_full + stage, 2 * Tr::kQBytes);
         for (int pn = 0; pn < Tr::kPanels; ++pn) {
@@ -198,7 +280,7 @@ __global__ void __launch_bounds__(384, 1)
       for (int j = 0; j < iters; ++j) {
         const int stage = j % kStages;
         if (j >= kStages) MbarWait(q_empty + stage, ((j / kStages) - 1) & 1);
-        const int64_t n = kh * p.group + j / tiles;
+        const int64_t n = head0 + j / tiles;
         const int64_t t0 = int64_t{tile_lo + j % tiles} * kBM;
 #pragma unroll
         for (int h = 0; h < kBM / 32; ++h) {
@@ -209,6 +291,12 @@ __global__ void __launch_bounds__(384, 1)
         }
         MbarArrive(q_full + stage);  // release: the stores above are visible to the consumers' acquire
       }
+    }
+    if constexpr (kCluster > 1) {  // the two cluster barriers of DkDvClusterReduce
+      ClusterArriveRelaxed();
+      ClusterWait();
+      ClusterArrive();
+      ClusterWait();
     }
     return;
   }
@@ -367,14 +455,36 @@ __global__ void __launch_bounds__(384, 1)
 
   // Epilogue: dK * scale and dV through this warpgroup's K / V rows (no longer read), 16-byte coalesced stores.
   const float dk_scale[2] = {p.scale, p.scale}, one[2] = {1.f, 1.f};
-  AccToSmemRows<T, kHeadDim>(acc_dk, dk_scale, k_rows, Tr::kKvPanelBytes, warp, lane);
-  AccToSmemRows<T, kHeadDim>(acc_dv, one, v_rows, Tr::kKvPanelBytes, warp, lane);
-  NamedBarrier(1 + cw, 128);
-  const int valid = static_cast<int>(Max64(Min64(64, p.seqlen_k - ws0), 0));
-  SmemRowsToGlobal<T, kHeadDim>(k_rows, Tr::kKvPanelBytes, static_cast<T*>(bp.dk) + p.KOffset(b, ws0, kh),
-                                p.k_row_stride, valid, tid);
-  SmemRowsToGlobal<T, kHeadDim>(v_rows, Tr::kKvPanelBytes, static_cast<T*>(bp.dv) + p.KOffset(b, ws0, kh),
-                                p.k_row_stride, valid, tid);
+  if constexpr (kCluster == 1) {
+    AccToSmemRows<T, kHeadDim>(acc_dk, dk_scale, k_rows, Tr::kKvPanelBytes, warp, lane);
+    AccToSmemRows<T, kHeadDim>(acc_dv, one, v_rows, Tr::kKvPanelBytes, warp, lane);
+    NamedBarrier(1 + cw, 128);
+    const int valid = static_cast<int>(Max64(Min64(64, p.seqlen_k - ws0), 0));
+    SmemRowsToGlobal<T, kHeadDim>(k_rows, Tr::kKvPanelBytes, static_cast<T*>(bp.dk) + p.KOffset(b, ws0, kh),
+                                  p.k_row_stride, valid, tid);
+    SmemRowsToGlobal<T, kHeadDim>(v_rows, Tr::kKvPanelBytes, static_cast<T*>(bp.dv) + p.KOffset(b, ws0, kh),
+                                  p.k_row_stride, valid, tid);
+  } else {
+    static_assert(DkDvClusterSlots<kHeadDim, kCluster>::kBytes <= Tr::kTileBytes, "slots must fit the tiles");
+    if (!DkDvClusterReduce<kHeadDim, kCluster>(acc_dk, acc_dv, SmemAddr(sK), rank, cw, warp, lane)) return;
+    // The owners: 256 / J threads, 128 / J rows from warp first_warp of this warpgroup, staged in its K / V rows
+    // once every owner has read its slots (they overlap).
+    constexpr int kOwnerRows = 128 / kCluster, kOwners = 256 / kCluster;
+    const int first_warp = kCluster == 2 ? 0 : (rank & 1) * 2;
+    NamedBarrier(1, kOwners);
+    AccToSmemRows<T, kHeadDim>(acc_dk, dk_scale, k_rows, Tr::kKvPanelBytes, warp, lane);
+    AccToSmemRows<T, kHeadDim>(acc_dv, one, v_rows, Tr::kKvPanelBytes, warp, lane);
+    NamedBarrier(1, kOwners);
+    const int64_t r0 = ws0 + first_warp * 16;
+    const int valid = static_cast<int>(Max64(Min64(kOwnerRows, p.seqlen_k - r0), 0));
+    const int otid = tid - first_warp * 32;
+    SmemRowsToGlobal<T, kHeadDim, kOwnerRows, kOwners>(k_rows + first_warp * 16 * 128, Tr::kKvPanelBytes,
+                                                       static_cast<T*>(bp.dk) + p.KOffset(b, r0, kh), p.k_row_stride,
+                                                       valid, otid);
+    SmemRowsToGlobal<T, kHeadDim, kOwnerRows, kOwners>(v_rows + first_warp * 16 * 128, Tr::kKvPanelBytes,
+                                                       static_cast<T*>(bp.dv) + p.KOffset(b, r0, kh), p.k_row_stride,
+                                                       valid, otid);
+  }
 #endif
 }
 
@@ -630,21 +740,84 @@ __global__ void __launch_bounds__(384, 1)
 
 }  // namespace sm90
 
+namespace sm90 {
+
+// The dK/dV launch: a plain one for kCluster = 1, else clusters of (kCluster, 1, 1) along the key blocks.
+template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster>
+cudaError_t LaunchDkDv(cudaStream_t stream, dim3 grid, const AttentionParams& p, const FwdPointers& ptr,
+                       const BwdPointers& bp, const BwdTensorMaps& maps) {
+  using Tr = DkDvTraits<kHeadDim, kStages>;
+  const auto kernel = DkDvSm90Kernel<T, kHeadDim, kStages, kDvEarly, kPingPong, kCluster>;
+  if constexpr (kCluster == 1) {
+    kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, ptr, bp, maps);
+    return cudaGetLastError();
+  } else {
+    grid.x *= kCluster;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kCluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(Tr::kThreads);
+    cfg.dynamicSmemBytes = Tr::kSmemBytes;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p, ptr, bp, maps);
+    return err != cudaSuccess ? err : cudaGetLastError();
+  }
+}
+
+// How many clusters of the dK/dV kernel fit on the device at once (0: none, e.g. a GPU partition without enough
+// SMs in one GPC).
+template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster>
+int DkDvActiveClusters() {
+  using Tr = DkDvTraits<kHeadDim, kStages>;
+  const auto kernel = DkDvSm90Kernel<T, kHeadDim, kStages, kDvEarly, kPingPong, kCluster>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(kCluster * 132);
+  cfg.blockDim = dim3(Tr::kThreads);
+  cfg.dynamicSmemBytes = Tr::kSmemBytes;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+    cudaGetLastError();  // not sticky; clear it
+    return 0;
+  }
+  return clusters;
+}
+
+}  // namespace sm90
+
 // kParts (timing experiments of ffi_cuda/tools/attention_bwd_bench.cu only; results are wrong unless 7): bit 0 the
-// delta kernel, bit 1 the dK/dV kernel, bit 2 the dQ kernel.
+// delta kernel, bit 1 the dK/dV kernel, bit 2 the dQ kernel. kDkDvCluster: see DkDvSm90Kernel; refused (before
+// launching anything) unless it divides the group and such clusters fit on the device.
 template <typename T, int kHeadDim, int kDkDvStages, bool kDvEarly, int kDqBlockN, int kDqStages,
-          bool kPingPong = false, int kParts = 7>
+          bool kPingPong = false, int kParts = 7, int kDkDvCluster = 1>
 cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                           const BwdPointers& bp) {
   using DkDv = sm90::DkDvTraits<kHeadDim, kDkDvStages>;
   using Dq = sm90::DqTraits<kHeadDim, kDqBlockN, kDqStages>;
+  const auto dkdv_kernel = sm90::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>;
   if (p.batch == 0 || p.num_heads == 0) return cudaSuccess;
   // Empty sequences (tensor maps need nonzero extents) and absurd loop counts go to the portable kernel.
   const int64_t q_tiles = (p.seqlen_q + DkDv::kBlockM - 1) / DkDv::kBlockM;
   if (p.seqlen_q == 0 || p.seqlen_k == 0 || q_tiles * p.group >= (int64_t{1} << 31)) return kSm90Refused;
-  static const cudaError_t attr_status = [] {
-    cudaError_t e = cudaFuncSetAttribute(sm90::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, DkDv::kSmemBytes);
+  if (p.group % kDkDvCluster != 0) return kSm90Refused;
+  static const cudaError_t attr_status = [dkdv_kernel] {
+    cudaError_t e = cudaFuncSetAttribute(dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, DkDv::kSmemBytes);
     if (e == cudaSuccess)
       e = cudaFuncSetAttribute(sm90::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, Dq::kSmemBytes);
@@ -654,13 +827,18 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   // A build without sm_90a machine code would run the empty (non-sm90a) bodies: refuse instead of returning garbage.
   static const bool sm90_code = [] {
     cudaFuncAttributes a{}, c{};
-    return cudaFuncGetAttributes(&a, sm90::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong>) ==
-               cudaSuccess &&
+    return cudaFuncGetAttributes(
+               &a, sm90::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>) == cudaSuccess &&
            a.binaryVersion == 90 &&
            cudaFuncGetAttributes(&c, sm90::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>) == cudaSuccess &&
            c.binaryVersion == 90;
   }();
   if (!sm90_code) return kSm90Refused;
+  if constexpr (kDkDvCluster > 1) {
+    static const bool clusters_fit =
+        sm90::DkDvActiveClusters<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>() > 0;
+    if (!clusters_fit) return kSm90Refused;
+  }
   sm90::BwdTensorMaps kv_maps, q_maps;  // for the dK/dV kernel (64-query boxes) and the dQ kernel (128-row boxes)
   const int64_t B = p.batch, T_ = p.seqlen_q, S = p.seqlen_k, N = p.num_heads, K = p.num_kv_heads;
   if (!sm90::EncodeMap<T>(&kv_maps.q, ptr.q, B, T_, N, kHeadDim, DkDv::kBlockM) ||
@@ -682,9 +860,8 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   if (kParts & 2) {
     const dim3 grid(static_cast<unsigned>((S + DkDv::kBlockN - 1) / DkDv::kBlockN), static_cast<unsigned>(K),
                     static_cast<unsigned>(B));
-    sm90::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong>
-        <<<grid, DkDv::kThreads, DkDv::kSmemBytes, stream>>>(p, ptr, bp, kv_maps);
-    const cudaError_t err = cudaGetLastError();
+    const cudaError_t err = sm90::LaunchDkDv<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>(
+        stream, grid, p, ptr, bp, kv_maps);
     if (err != cudaSuccess) return err;
   }
   if (kParts & 4) {
@@ -696,11 +873,50 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   return cudaGetLastError();
 }
 
+// JAX_OPS_ATTENTION_BWD_CLUSTER (read once): 0 = off (the default: the cluster dK/dV kernel has not run on a GPU
+// yet), -1 = Sm90BwdDkDvCluster's choice ("auto" or "1"), 2 or 4 = that cluster size wherever it divides the group.
+inline int Sm90BwdClusterSetting() {
+  static const int setting = [] {
+    const char* e = std::getenv("JAX_OPS_ATTENTION_BWD_CLUSTER");
+    if (e == nullptr || *e == '\0' || !std::strcmp(e, "0")) return 0;
+    if (!std::strcmp(e, "2")) return 2;
+    if (!std::strcmp(e, "4")) return 4;
+    return -1;
+  }();
+  return setting;
+}
+
+// The default tiling with a dK/dV cluster setting as Sm90BwdClusterSetting's (0: J = 1).
+template <typename T, int kHeadDim>
+cudaError_t LaunchAttentionBwdSm90Cluster(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
+                                          const BwdPointers& bp, int setting) {
+  constexpr int kStages = kSm90BwdDkDvStages, kDqN = kSm90BwdDqBlockN<kHeadDim>;
+  constexpr bool kEarly = kSm90BwdDvEarly<kHeadDim>;
+  if (setting != 0 && p.group > 1) {
+    int cluster = setting;
+    if (cluster < 0) {
+      int dev = 0, sms = 132;
+      if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
+        sms = 132;
+      const int64_t ctas = (p.seqlen_k + 127) / 128 * p.num_kv_heads * p.batch;  // dK/dV CTAs at J = 1
+      cluster = Sm90BwdDkDvCluster(p.group, ctas, sms);
+    }
+    cudaError_t err = kSm90Refused;
+    if (cluster == 2 && p.group % 2 == 0)
+      err = LaunchAttentionBwdSm90Variant<T, kHeadDim, kStages, kEarly, kDqN, kSm90BwdDqStages, false, 7, 2>(stream, p,
+                                                                                                             ptr, bp);
+    else if (cluster == 4 && p.group % 4 == 0)
+      err = LaunchAttentionBwdSm90Variant<T, kHeadDim, kStages, kEarly, kDqN, kSm90BwdDqStages, false, 7, 4>(stream, p,
+                                                                                                             ptr, bp);
+    if (err != kSm90Refused) return err;  // refused before launching anything: J = 1 below
+  }
+  return LaunchAttentionBwdSm90Variant<T, kHeadDim, kStages, kEarly, kDqN, kSm90BwdDqStages>(stream, p, ptr, bp);
+}
+
 template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionBwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                    const BwdPointers& bp) {
-  return LaunchAttentionBwdSm90Variant<T, kHeadDim, kSm90BwdDkDvStages, kSm90BwdDvEarly<kHeadDim>,
-                                       kSm90BwdDqBlockN<kHeadDim>, kSm90BwdDqStages>(stream, p, ptr, bp);
+  return LaunchAttentionBwdSm90Cluster<T, kHeadDim>(stream, p, ptr, bp, Sm90BwdClusterSetting());
 }
 
 #define JAX_OPS_INSTANTIATE_ATTENTION_BWD_SM90(T, D)                                                          \

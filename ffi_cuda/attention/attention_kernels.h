@@ -68,6 +68,23 @@ inline constexpr int kSm90BwdDqBlockN = kHeadDim == 64 ? 128 : 64;
 // dK/dV kernel: issue dV += P^T dO before computing dS^T (overlap) at D = 64; at D = 128 after (1-3% faster).
 template <int kHeadDim>
 inline constexpr bool kSm90BwdDvEarly = kHeadDim < 128;
+// GQA: the dK/dV kernel can split the G query heads of a group over a thread-block cluster of J CTAs, whose
+// partial dK/dV are summed in a fixed order through distributed shared memory (deterministic; kCluster in
+// attention_bwd_sm90_impl.cuh): J times the CTAs for grids too small or too unevenly loaded for 132 SMs.
+// EXPERIMENTAL, OFF by default (not yet run on a GPU): JAX_OPS_ATTENTION_BWD_CLUSTER=auto picks J below,
+// =2 / =4 forces it where it divides G; unset or 0 keeps J = 1. MHA (G = 1) always runs J = 1.
+// J: the smallest of 1, 2, 4 dividing G that gives at least kSm90BwdClusterMinWaves waves of dK/dV CTAs (ctas:
+// the count at J = 1), else the largest that divides G. The wave target is a guess, to be set from the bench.
+inline constexpr int kSm90BwdClusterMinWaves = 4;
+inline int Sm90BwdDkDvCluster(int64_t group, int64_t ctas, int num_sms) {
+  int cluster = 1;
+  for (int j = 1; j <= 4; j *= 2) {
+    if (group % j != 0) continue;
+    cluster = j;
+    if (ctas * j >= int64_t{kSm90BwdClusterMinWaves} * num_sms) break;
+  }
+  return cluster;
+}
 template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionBwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                    const BwdPointers& bp);

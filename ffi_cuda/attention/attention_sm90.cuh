@@ -140,6 +140,52 @@ __device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Thread-block clusters (sm_90). ClusterArrive (release) + ClusterWait (acquire) is a barrier over every thread of
+// every CTA of the cluster: shared-memory stores before it, local or remote, are visible to the loads after it.
+// ClusterArriveRelaxed: the barrier without the memory ordering. Non-.aligned forms: callers may have diverged.
+__device__ __forceinline__ void ClusterArrive() {
+#if JAX_OPS_SM90
+  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void ClusterArriveRelaxed() {
+#if JAX_OPS_SM90
+  asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void ClusterWait() {
+#if JAX_OPS_SM90
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+#endif
+}
+
+// The shared::cluster address of the same shared-memory offset in CTA `rank` of this cluster.
+__device__ __forceinline__ uint32_t MapSharedRank(uint32_t smem_addr, uint32_t rank) {
+  uint32_t out = smem_addr;
+#if JAX_OPS_SM90
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(smem_addr), "r"(rank));
+#endif
+  return out;
+}
+
+// 16-byte store to distributed shared memory (an address from MapSharedRank).
+__device__ __forceinline__ void StSharedClusterV4(uint32_t addr, float4 v) {
+#if JAX_OPS_SM90
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+               : "memory");
+#endif
+}
+
+// 16-byte load from this CTA's shared memory (a shared::cta address).
+__device__ __forceinline__ float4 LdSharedV4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
 __device__ __forceinline__ float FastExp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -167,13 +213,14 @@ __device__ __forceinline__ void AccToSmemRows(const float (&acc)[kHeadDim / 2], 
   }
 }
 
-// The 64 rows written by AccToSmemRows to global memory (row r at dst + r * row_stride), rows >= valid_rows
-// skipped; the 128 threads of a warpgroup (tid) store consecutive 16-byte chunks.
-template <typename T, int kHeadDim>
+// kRows rows written by AccToSmemRows to global memory (row r at dst + r * row_stride), rows >= valid_rows
+// skipped; kThreads threads (tid; by default the 128 of a warpgroup) store consecutive 16-byte chunks. `rows` is
+// the tile's first row or one a multiple of 8 rows further (the swizzle follows r & 7).
+template <typename T, int kHeadDim, int kRows = 64, int kThreads = 128>
 __device__ __forceinline__ void SmemRowsToGlobal(const unsigned char* rows, int panel_bytes, T* dst, int64_t row_stride,
                                                  int valid_rows, int tid) {
   constexpr int kChunks = kHeadDim / 8;
-  for (int idx = tid; idx < 64 * kChunks; idx += 128) {
+  for (int idx = tid; idx < kRows * kChunks; idx += kThreads) {
     const int r = idx / kChunks, c = idx % kChunks;
     if (r >= valid_rows) continue;
     const unsigned char* src = rows + (c >> 3) * panel_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4);

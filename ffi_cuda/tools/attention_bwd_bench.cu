@@ -5,7 +5,8 @@
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -cudart static -I ffi_cuda \
 //     -isystem $(python3 -c "import jax.ffi as f; print(f.include_dir())") ffi_cuda/tools/attention_bwd_bench.cu \
 //     -o attention_bwd_bench
-// Usage: attention_bwd_bench [check|bench|all|small]   (small: two cases, default kernels: for compute-sanitizer)
+// Usage: attention_bwd_bench [check|bench|all|small|gqa]   (small: two cases, default kernels, for
+// compute-sanitizer; gqa: the GQA dK/dV cluster variants only, check + determinism + timing)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -111,14 +112,24 @@ AttentionParams MakeParams(const Case& c) {
 }
 
 // Kernel under test: 0 = portable; 1.. = Hopper variants (kVariantNames). Parts (bit mask) only for timing.
-constexpr int kVariants = 7;
+// 7-9: the GQA dK/dV cluster (kDkDvCluster): J = 2, J = 4 (refused unless J divides the group), and the launcher's
+// choice (Sm90BwdDkDvCluster; J = 1 for MHA) as JAX_OPS_ATTENTION_BWD_CLUSTER=auto would run it.
+constexpr int kVariants = 10;
 const char* kVariantNames[kVariants] = {"sm80",
                                         "sm90 (default)",
                                         "sm90 dkdv 3-stage",
                                         "sm90 dkdv dV-early flipped",
                                         "sm90 dq 3-stage",
                                         "sm90 dq 64-key tiles",
-                                        "sm90 ping-pong"};
+                                        "sm90 ping-pong",
+                                        "sm90 gqa cluster 2",
+                                        "sm90 gqa cluster 4",
+                                        "sm90 gqa cluster auto"};
+constexpr int kClusterVariants[] = {1, 7, 8, 9};  // J = 1 (the default) and the cluster ones
+// The J that variant 9 runs (the launcher's choice at 132 SMs).
+int AutoCluster(const AttentionParams& p) {
+  return Sm90BwdDkDvCluster(p.group, (p.seqlen_k + 127) / 128 * p.num_kv_heads * p.batch, 132);
+}
 template <typename T, int D, int kParts = 7>
 cudaError_t LaunchVariant(int variant, const AttentionParams& p, const FwdPointers& ptr, const BwdPointers& bp) {
   constexpr bool kEarly = kSm90BwdDvEarly<D>;
@@ -144,6 +155,15 @@ cudaError_t LaunchVariant(int variant, const AttentionParams& p, const FwdPointe
     case 6:
       return LaunchAttentionBwdSm90Variant<T, D, kSm90BwdDkDvStages, kEarly, kDqN, kSm90BwdDqStages, true>(nullptr, p,
                                                                                                            ptr, bp);
+    case 7:
+      return LaunchAttentionBwdSm90Variant<T, D, kSm90BwdDkDvStages, kEarly, kDqN, kSm90BwdDqStages, false, kParts, 2>(
+          nullptr, p, ptr, bp);
+    case 8:
+      return LaunchAttentionBwdSm90Variant<T, D, kSm90BwdDkDvStages, kEarly, kDqN, kSm90BwdDqStages, false, kParts, 4>(
+          nullptr, p, ptr, bp);
+    case 9:
+      if constexpr (kParts == 7) return LaunchAttentionBwdSm90Cluster<T, D>(nullptr, p, ptr, bp, -1);
+      return cudaErrorInvalidValue;
   }
   return cudaErrorInvalidValue;
 }
@@ -324,6 +344,22 @@ HostCase<T> MakeHostCase(const Case& c, unsigned seed) {
   return h;
 }
 
+// Pseudo-normal fill on the device (sum of 4 hashed uniforms, variance 1): timing inputs without a host copy.
+template <typename T>
+__global__ void FillNormal(T* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    float acc = 0.f;
+    for (uint32_t r = 0; r < 4; ++r) {
+      uint32_t hh = static_cast<uint32_t>(i) * 2654435761u ^ (seed + r) * 2246822519u ^ static_cast<uint32_t>(i >> 32);
+      hh ^= hh >> 15;
+      hh *= 2246822519u;
+      hh ^= hh >> 13;
+      acc += (hh & 0xffffff) * (1.f / 16777216.f) - 0.5f;
+    }
+    x[i] = FromF<T>(acc * 1.7320508f);
+  }
+}
+
 // One kernel variant on one case, outputs poisoned; prints max abs / rel L2 error of dq, dk, dv.
 template <typename T>
 bool CheckVariant(const Case& c, const HostCase<T>& h, int variant) {
@@ -340,7 +376,8 @@ bool CheckVariant(const Case& c, const HostCase<T>& h, int variant) {
   CHECK(cudaMemset(b.dv, 0xff, b.nk * sizeof(T)));
   const cudaError_t err = LaunchAny<T>(variant, p, Ptrs(b), BwdPtrs(b));
   if (err == cudaErrorNotSupported) {  // variant not built for this head dim, or the launcher refused the case
-    if (!(variant == 5 && c.D != 64)) std::printf("check %-4s %-27s refused\n", DTypeName<T>(), kVariantNames[variant]);
+    const bool expected = (variant == 5 && c.D != 64) || (variant == 7 && p.group % 2) || (variant == 8 && p.group % 4);
+    if (!expected) std::printf("check %-4s %-27s refused\n", DTypeName<T>(), kVariantNames[variant]);
     Free(b);
     return true;
   }
@@ -370,6 +407,82 @@ bool CheckVariant(const Case& c, const HostCase<T>& h, int variant) {
       (e[0].nan || e[1].nan || e[2].nan) ? " NaN" : "", ok ? "OK" : "FAIL");
   Free(b);
   return ok;
+}
+
+// Two runs of a variant on the same inputs (outputs re-poisoned in between) must agree bit for bit.
+template <typename T>
+bool CheckDeterministic(const Case& c, int variant, bool quiet_refusal) {
+  const AttentionParams p = MakeParams<T>(c);
+  Buffers<T> b = Alloc<T>(c);
+  FillNormal<<<1024, 256>>>(b.q, b.nq, 11);
+  FillNormal<<<1024, 256>>>(b.k, b.nk, 12);
+  FillNormal<<<1024, 256>>>(b.v, b.nk, 13);
+  FillNormal<<<1024, 256>>>(b.d_o, b.nq, 14);
+  CHECK(cudaGetLastError());
+  const cudaError_t fwd_err =
+      c.D == 64 ? LaunchAttentionFwd<T, 64>(nullptr, p, Ptrs(b)) : LaunchAttentionFwd<T, 128>(nullptr, p, Ptrs(b));
+  CHECK(fwd_err);
+  std::vector<T> out[2];
+  for (int run = 0; run < 2; ++run) {
+    CHECK(cudaMemset(b.dq, 0xff, b.nq * sizeof(T)));
+    CHECK(cudaMemset(b.dk, 0xff, b.nk * sizeof(T)));
+    CHECK(cudaMemset(b.dv, 0xff, b.nk * sizeof(T)));
+    const cudaError_t err = LaunchAny<T>(variant, p, Ptrs(b), BwdPtrs(b));
+    if (err == cudaErrorNotSupported) {
+      if (!quiet_refusal) std::printf("determinism %-4s %-27s refused\n", DTypeName<T>(), kVariantNames[variant]);
+      Free(b);
+      return true;
+    }
+    CHECK(err);
+    CHECK(cudaDeviceSynchronize());
+    out[run].resize(b.nq + 2 * b.nk);
+    CHECK(cudaMemcpy(out[run].data(), b.dq, b.nq * sizeof(T), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(out[run].data() + b.nq, b.dk, b.nk * sizeof(T), cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(out[run].data() + b.nq + b.nk, b.dv, b.nk * sizeof(T), cudaMemcpyDeviceToHost));
+  }
+  const bool ok = std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(T)) == 0;
+  std::printf("determinism %-4s %-27s B=%d T=%d S=%d H=%d K=%d D=%d causal=%d: %s\n", DTypeName<T>(),
+              kVariantNames[variant], c.B, c.T, c.S, c.H, c.K, c.D, c.causal, ok ? "bitwise equal OK" : "DIFFER FAIL");
+  Free(b);
+  return ok;
+}
+
+// The GQA dK/dV cluster against the fp64 reference: G = 2, 4, 8 and MQA; causal, windows, seq lengths, ragged
+// tails; then two-run bitwise determinism, including the bench shapes. Variants 1 (J = 1) and 7-9.
+template <typename T>
+bool CheckGqaCluster() {
+  bool all_ok = true;
+  for (int D : {128, 64}) {
+    const Case cases[] = {
+        {2, 300, 517, 4, 2, D, true},                     // G = 2, T != S, ragged
+        {1, 700, 700, 4, 1, D, true},                     // MQA, G = 4
+        {1, 333, 461, 8, 1, D, true},                     // MQA, G = 8, ragged
+        {2, 300, 517, 8, 2, D, false, 100, 0},            // G = 4, window (100, 0)
+        {1, 513, 1000, 8, 4, D, false, 64, 8},            // G = 2, window (64, 8)
+        {1, 640, 640, 16, 2, D, true, -1, -1, 500, 333},  // G = 8, seq lengths
+        {1, 200, 300, 8, 2, D, false, -1, -1, 150, 0},    // G = 4, kv_len = 0
+        {1, 1, 700, 8, 2, D, false},                      // T = 1
+        {1, 1024, 1024, 8, 2, D, true},                   // G = 4, 8 key blocks
+        {1, 1000, 1000, 16, 2, D, false},                 // G = 8, full
+    };
+    unsigned seed = 500;
+    for (const Case& c : cases) {
+      Progress("reference");
+      const HostCase<T> h = MakeHostCase<T>(c, seed++);
+      for (int variant : kClusterVariants) {
+        Progress(kVariantNames[variant]);
+        all_ok &= CheckVariant<T>(c, h, variant);
+      }
+    }
+    const Case det[] = {
+        {2, 640, 777, 8, 1, D, true}, {1, 4096, 4096, 32, 8, D, true}, {1, 4096, 4096, 32, 4, D, false}};
+    for (const Case& c : det)
+      for (int variant : kClusterVariants) {
+        Progress("determinism");
+        all_ok &= CheckDeterministic<T>(c, variant, variant == 7 || variant == 8);
+      }
+  }
+  return all_ok;
 }
 
 // small: one case per head dim, default kernels only (for compute-sanitizer).
@@ -411,22 +524,6 @@ bool CheckAll(bool small = false) {
   return all_ok;
 }
 
-// Pseudo-normal fill on the device (sum of 4 hashed uniforms, variance 1): timing inputs without a host copy.
-template <typename T>
-__global__ void FillNormal(T* x, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    float acc = 0.f;
-    for (uint32_t r = 0; r < 4; ++r) {
-      uint32_t hh = static_cast<uint32_t>(i) * 2654435761u ^ (seed + r) * 2246822519u ^ static_cast<uint32_t>(i >> 32);
-      hh ^= hh >> 15;
-      hh *= 2246822519u;
-      hh ^= hh >> 13;
-      acc += (hh & 0xffffff) * (1.f / 16777216.f) - 0.5f;
-    }
-    x[i] = FromF<T>(acc * 1.7320508f);
-  }
-}
-
 // Median time of a launch, repeated so that each timed batch lasts >= 40 ms.
 template <typename F>
 double TimeMs(F&& launch) {
@@ -458,6 +555,51 @@ double TimeMs(F&& launch) {
   return ts[1];
 }
 
+// GQA H=32/K=8 and H=32/K=4: J = 1 vs the dK/dV cluster, whole backward and the dK/dV kernel alone.
+void BenchGqa() {
+  using T = __nv_bfloat16;
+  for (int J : {2, 4}) {
+    const int fit = J == 2 ? sm90::DkDvActiveClusters<T, 128, kSm90BwdDkDvStages, kSm90BwdDvEarly<128>, false, 2>()
+                           : sm90::DkDvActiveClusters<T, 128, kSm90BwdDkDvStages, kSm90BwdDvEarly<128>, false, 4>();
+    std::printf("gqa: D=128 dK/dV clusters of %d resident at once: %d (%d of 132 SMs)\n", J, fit, fit * J);
+  }
+  for (int D : {128, 64})
+    for (int K : {8, 4})
+      for (bool causal : {true, false})
+        for (int N : {1024, 4096, 8192}) {
+          const Case c{1, N, N, 32, K, D, causal};
+          const AttentionParams p = MakeParams<T>(c);
+          Buffers<T> b = Alloc<T>(c);
+          FillNormal<<<1024, 256>>>(b.q, b.nq, 1);
+          FillNormal<<<1024, 256>>>(b.k, b.nk, 2);
+          FillNormal<<<1024, 256>>>(b.v, b.nk, 3);
+          FillNormal<<<1024, 256>>>(b.d_o, b.nq, 4);
+          CHECK(cudaGetLastError());
+          const cudaError_t fwd_err = D == 64 ? LaunchAttentionFwd<T, 64>(nullptr, p, Ptrs(b))
+                                              : LaunchAttentionFwd<T, 128>(nullptr, p, Ptrs(b));
+          CHECK(fwd_err);
+          CHECK(cudaDeviceSynchronize());
+          const FwdPointers ptr = Ptrs(b);
+          const BwdPointers bp = BwdPtrs(b);
+          const double flops = 2.5 * (causal ? 2.0 : 4.0) * 32 * double(N) * N * D;
+          std::printf("gqa D=%3d H=32/K=%d N=%5d causal=%d (dkdv CTAs at J=1: %d, auto J=%d):", D, K, N, causal,
+                      (N + 127) / 128 * K, AutoCluster(p));
+          // A refused variant (clusters that do not fit) prints -1 instead of aborting the run.
+          auto time_ms = [&](auto launch) { return launch() == cudaErrorNotSupported ? -1.0 : TimeMs(launch); };
+          for (int variant : kClusterVariants) {
+            Progress(kVariantNames[variant]);
+            const double ms = time_ms([&] { return LaunchAny<T>(variant, p, ptr, bp); });
+            std::printf(" | %s %6.1f TF/s (%.3f ms)", kVariantNames[variant], flops / ms / 1e9, ms);
+          }
+          Progress("gqa parts");
+          const double t1 = time_ms([&] { return LaunchAny<T, 2>(1, p, ptr, bp); });
+          const double t2 = time_ms([&] { return LaunchAny<T, 2>(7, p, ptr, bp); });
+          const double t4 = time_ms([&] { return LaunchAny<T, 2>(8, p, ptr, bp); });
+          std::printf(" | dkdv alone: J=1 %.3f ms, J=2 %.3f ms, J=4 %.3f ms\n", t1, t2, t4);
+          Free(b);
+        }
+}
+
 void Bench() {
   using T = __nv_bfloat16;
   for (int D : {128, 64})
@@ -483,7 +625,7 @@ void Bench() {
         auto tf = [&](double ms) { return flops / ms / 1e9; };
         std::printf("bench D=%3d N=%5d causal=%d:", D, N, causal);
         const bool variants = N == 4096 || N == 16384;
-        for (int variant = 0; variant < kVariants; ++variant) {
+        for (int variant = 0; variant < 7; ++variant) {  // MHA: the cluster variants are J = 1 here
           if (variant >= 2 && !variants) continue;
           if (variant == 5 && D != 64) continue;
           Progress(kVariantNames[variant]);
@@ -510,9 +652,16 @@ int main(int argc, char** argv) {
   if (!std::strcmp(mode, "check") || !std::strcmp(mode, "all")) {
     all_ok &= CheckAll<__nv_bfloat16>();
     all_ok &= CheckAll<__half>();
+    all_ok &= CheckGqaCluster<__nv_bfloat16>();
+    all_ok &= CheckGqaCluster<__half>();
   }
   if (!std::strcmp(mode, "small")) all_ok &= CheckAll<__nv_bfloat16>(/*small=*/true);
+  if (!std::strcmp(mode, "gqa")) {
+    all_ok &= CheckGqaCluster<__nv_bfloat16>();
+    all_ok &= CheckGqaCluster<__half>();
+  }
   if (!std::strcmp(mode, "bench") || !std::strcmp(mode, "all")) Bench();
+  if (!std::strcmp(mode, "bench") || !std::strcmp(mode, "all") || !std::strcmp(mode, "gqa")) BenchGqa();
   std::printf(all_ok ? "ALL OK\n" : "SOME FAILED\n");
   return all_ok ? 0 : 1;
 }
