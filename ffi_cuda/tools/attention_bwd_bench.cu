@@ -5,8 +5,9 @@
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -cudart static -I ffi_cuda \
 //     -isystem $(python3 -c "import jax.ffi as f; print(f.include_dir())") ffi_cuda/tools/attention_bwd_bench.cu \
 //     -o attention_bwd_bench
-// Usage: attention_bwd_bench [check|bench|all|small|gqa]   (small: two cases, default kernels, for
-// compute-sanitizer; gqa: the GQA dK/dV cluster variants only, check + determinism + timing)
+// Usage: attention_bwd_bench [check|bench|all|small|gqa|gqa-small]   (small / gqa-small: two cases, default
+// kernels / the GQA cluster ones, for compute-sanitizer; gqa: the GQA dK/dV cluster variants only, check +
+// determinism + timing)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -656,6 +657,12 @@ int main(int argc, char** argv) {
     all_ok &= CheckGqaCluster<__half>();
   }
   if (!std::strcmp(mode, "small")) all_ok &= CheckAll<__nv_bfloat16>(/*small=*/true);
+  if (!std::strcmp(mode, "gqa-small"))  // the cluster variants on one GQA case per head dim (compute-sanitizer)
+    for (int D : {128, 64}) {
+      const Case c{2, 300, 517, 8, 2, D, true};
+      const HostCase<__nv_bfloat16> h = MakeHostCase<__nv_bfloat16>(c, 7);
+      for (int variant : {7, 8}) all_ok &= CheckVariant<__nv_bfloat16>(c, h, variant);
+    }
   if (!std::strcmp(mode, "gqa")) {
     all_ok &= CheckGqaCluster<__nv_bfloat16>();
     all_ok &= CheckGqaCluster<__half>();
