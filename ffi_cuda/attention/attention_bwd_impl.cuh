@@ -337,10 +337,9 @@ cudaError_t LaunchAttentionBwd(cudaStream_t stream, const AttentionParams& p, co
                                const BwdPointers& bp) {
   using Tr = BwdTraits<kHeadDim>;
   if (p.batch == 0 || p.num_heads == 0) return cudaSuccess;
-  static const cudaError_t attr_dkdv =
-      cudaFuncSetAttribute(DkDvKernel<T, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
-  static const cudaError_t attr_dq =
-      cudaFuncSetAttribute(DqKernel<T, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  const cudaError_t attr_dkdv =
+      SetDynamicSmemOnce(reinterpret_cast<const void*>(&DkDvKernel<T, kHeadDim>), Tr::kSmemBytes);
+  const cudaError_t attr_dq = SetDynamicSmemOnce(reinterpret_cast<const void*>(&DqKernel<T, kHeadDim>), Tr::kSmemBytes);
   if (attr_dkdv != cudaSuccess) return attr_dkdv;
   if (attr_dq != cudaSuccess) return attr_dq;
   const int64_t kv_blocks = (p.seqlen_k + Tr::kBlock - 1) / Tr::kBlock;

@@ -33,6 +33,7 @@
 #include "attention/attention_kernels.h"
 #include "attention/attention_mma.cuh"
 #include "attention/attention_sm90.cuh"
+#include "common/cuda_helpers.h"
 
 namespace jax_ops::attention {
 namespace sm90 {
@@ -642,14 +643,13 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   // Empty sequences (tensor maps need nonzero extents) and absurd loop counts go to the portable kernel.
   const int64_t q_tiles = (p.seqlen_q + DkDv::kBlockM - 1) / DkDv::kBlockM;
   if (p.seqlen_q == 0 || p.seqlen_k == 0 || q_tiles * p.group >= (int64_t{1} << 31)) return kSm90Refused;
-  static const cudaError_t attr_status = [] {
-    cudaError_t e = cudaFuncSetAttribute(sm90::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, DkDv::kSmemBytes);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(sm90::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, Dq::kSmemBytes);
-    return e;
-  }();
+  cudaError_t attr_status = SetDynamicSmemOnce(
+      reinterpret_cast<const void*>(&sm90::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong>),
+      DkDv::kSmemBytes);
+  if (attr_status == cudaSuccess)
+    attr_status = SetDynamicSmemOnce(
+        reinterpret_cast<const void*>(&sm90::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>),
+        Dq::kSmemBytes);
   if (attr_status != cudaSuccess) return attr_status;
   // A build without sm_90a machine code would run the empty (non-sm90a) bodies: refuse instead of returning garbage.
   static const bool sm90_code = [] {

@@ -244,8 +244,8 @@ template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionFwd(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr) {
   using Tr = FwdTraits<kHeadDim>;
   if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
-  static const cudaError_t attr_status = cudaFuncSetAttribute(
-      AttentionFwdKernel<T, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  const cudaError_t attr_status =
+      SetDynamicSmemOnce(reinterpret_cast<const void*>(&AttentionFwdKernel<T, kHeadDim>), Tr::kSmemBytes);
   if (attr_status != cudaSuccess) return attr_status;
   const int64_t m_blocks = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   if (m_blocks > 0x7fffffff || p.num_heads > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;

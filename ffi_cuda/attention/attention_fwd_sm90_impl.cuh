@@ -25,6 +25,7 @@
 #include "attention/attention_kernels.h"
 #include "attention/attention_mma.cuh"
 #include "attention/attention_sm90.cuh"
+#include "common/cuda_helpers.h"
 
 namespace jax_ops::attention {
 namespace sm90 {
@@ -340,9 +341,9 @@ template <typename T, int kHeadDim, int kStages, int kDiag, int kBlockN>
 cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr) {
   using Tr = sm90::FwdTraits<kHeadDim, kStages, kBlockN>;
   if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
-  static const cudaError_t attr_status =
-      cudaFuncSetAttribute(sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag, kBlockN>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  const cudaError_t attr_status = SetDynamicSmemOnce(
+      reinterpret_cast<const void*>(&sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag, kBlockN>),
+      Tr::kSmemBytes);
   if (attr_status != cudaSuccess) return attr_status;
   // A build without sm_90a machine code would run the empty (non-sm90a) body: refuse instead of returning garbage.
   static const int binary_version = [] {
