@@ -34,11 +34,14 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <type_traits>
 
 #include "attention/attention_kernels.h"
 #include "attention/attention_mma.cuh"
 #include "attention/attention_sm90.cuh"
+#include "common/cuda_helpers.h"
 
 namespace jax_ops::attention {
 namespace sm90 {
@@ -533,15 +536,8 @@ __global__ void __launch_bounds__(384, 1)
   const int wg = threadIdx.x / 128;
 
   const auto [q_len, kv_len] = SeqLensOf(p, ptr, b);
-  const int64_t last_row = Min64(m0 + kBM, q_len) - 1;
-  int64_t key_lo = 0, key_hi = 0;
-  if (last_row >= m0) {
-    key_lo = AllowedKeys(p, m0, q_len, kv_len).lo;
-    key_hi = AllowedKeys(p, last_row, q_len, kv_len).hi;
-  }
-  const int tile_lo = key_hi > key_lo ? static_cast<int>(key_lo / kBN) : 0;
-  const int tile_hi = key_hi > key_lo ? static_cast<int>((key_hi + kBN - 1) / kBN) : 0;
-  const int num_tiles = tile_hi - tile_lo;
+  const TileRange tiles = KeyTiles(BlockKeys(p, m0, kBM, q_len, kv_len).any, kBN);
+  const int tile_lo = tiles.lo, num_tiles = tiles.hi - tiles.lo;
 
   if (threadIdx.x == 0) {
     MbarInit(q_full, 1);
@@ -770,14 +766,17 @@ cudaError_t LaunchDkDv(cudaStream_t stream, dim3 grid, const AttentionParams& p,
   }
 }
 
-// How many clusters of the dK/dV kernel fit on the device at once (0: none, e.g. a GPU partition without enough
-// SMs in one GPC).
+// How many clusters of the dK/dV kernel fit on the current device at once (0: none, e.g. a GPU partition without
+// enough SMs in one GPC). Opts the kernel into its shared memory on this device first (the query needs it).
 template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster>
 int DkDvActiveClusters() {
   using Tr = DkDvTraits<kHeadDim, kStages>;
   const auto kernel = DkDvSm90Kernel<T, kHeadDim, kStages, kDvEarly, kPingPong, kCluster>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes) != cudaSuccess) {
-    cudaGetLastError();
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      SetDynamicSmemOnce(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes) != cudaSuccess) {
+    cudaGetLastError();  // not sticky; clear it
     return 0;
   }
   cudaLaunchAttribute attr[1];
@@ -786,17 +785,36 @@ int DkDvActiveClusters() {
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(kCluster * 132);
+  cfg.gridDim = dim3(kCluster * std::max(sms, 1));
   cfg.blockDim = dim3(Tr::kThreads);
   cfg.dynamicSmemBytes = Tr::kSmemBytes;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
-    cudaGetLastError();  // not sticky; clear it
+    cudaGetLastError();
     return 0;
   }
   return clusters;
+}
+
+// Whether any cluster of the dK/dV kernel fits on the current device (DkDvActiveClusters > 0), asked once per
+// device and instantiation (the answer depends on the device, e.g. a MIG slice). Thread-safe.
+template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster>
+bool DkDvClustersFit() {
+  static std::mutex mu;
+  static std::map<int, bool> fits;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = fits.find(dev);
+  if (it != fits.end()) return it->second;
+  const bool fit = DkDvActiveClusters<T, kHeadDim, kStages, kDvEarly, kPingPong, kCluster>() > 0;
+  fits.emplace(dev, fit);
+  return fit;
 }
 
 }  // namespace sm90
@@ -816,13 +834,11 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   const int64_t q_tiles = (p.seqlen_q + DkDv::kBlockM - 1) / DkDv::kBlockM;
   if (p.seqlen_q == 0 || p.seqlen_k == 0 || q_tiles * p.group >= (int64_t{1} << 31)) return kSm90Refused;
   if (p.group % kDkDvCluster != 0) return kSm90Refused;
-  static const cudaError_t attr_status = [dkdv_kernel] {
-    cudaError_t e = cudaFuncSetAttribute(dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, DkDv::kSmemBytes);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(sm90::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, Dq::kSmemBytes);
-    return e;
-  }();
+  cudaError_t attr_status = SetDynamicSmemOnce(reinterpret_cast<const void*>(dkdv_kernel), DkDv::kSmemBytes);
+  if (attr_status == cudaSuccess)
+    attr_status = SetDynamicSmemOnce(
+        reinterpret_cast<const void*>(&sm90::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>),
+        Dq::kSmemBytes);
   if (attr_status != cudaSuccess) return attr_status;
   // A build without sm_90a machine code would run the empty (non-sm90a) bodies: refuse instead of returning garbage.
   static const bool sm90_code = [] {
@@ -835,9 +851,7 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   }();
   if (!sm90_code) return kSm90Refused;
   if constexpr (kDkDvCluster > 1) {
-    static const bool clusters_fit =
-        sm90::DkDvActiveClusters<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>() > 0;
-    if (!clusters_fit) return kSm90Refused;
+    if (!sm90::DkDvClustersFit<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>()) return kSm90Refused;
   }
   sm90::BwdTensorMaps kv_maps, q_maps;  // for the dK/dV kernel (64-query boxes) and the dQ kernel (128-row boxes)
   const int64_t B = p.batch, T_ = p.seqlen_q, S = p.seqlen_k, N = p.num_heads, K = p.num_kv_heads;
