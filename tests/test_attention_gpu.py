@@ -233,10 +233,22 @@ def test_small_split_kv_decode(dtype, monkeypatch):
         assert rel_l2(out, ref) < TOL[dtype]
 
 
+# GQA shapes for the Hopper backward's dK/dV cluster size J (Sm90BwdDkDvCluster in attention_kernels.h):
+# J = 4 for a causal/window mask, 4 | G and at most one wave of dK/dV CTAs at J = 1
+# (ceil(S / 128) x K x B <= SMs), else J = 2 for even G. The J picked on an H100/H200 (114-132 SMs) is noted;
+# BOTH_PATHS_CASES' first case is G = 2 causal (J = 2).
+GQA_CLUSTER_CASES = [
+    ((1, 384, 384, 8, 2, 128), dict(is_causal=True)),  # G = 4, 6 CTAs: J = 4
+    ((1, 640, 640, 16, 2, 64), dict(is_causal=True)),  # G = 8, 10 CTAs: J = 4 (2 heads per CTA)
+    ((40, 256, 256, 8, 2, 64), dict(is_causal=True)),  # G = 4, 160 CTAs: J = 2
+]
+
+
 @pytest.mark.parametrize(
     "shape,kw",
     BOTH_PATHS_CASES
-    + [((2, 300, 517, 4, 1, 64), dict()), ((1, 500, 700, 4, 2, 64), dict(local_window_size=(64, 8)))],
+    + [((2, 300, 517, 4, 1, 64), dict()), ((1, 500, 700, 4, 2, 64), dict(local_window_size=(64, 8)))]
+    + GQA_CLUSTER_CASES[:1],
 )
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_small_backward_kernels_both_paths(shape, kw, dtype, monkeypatch):
@@ -274,3 +286,11 @@ def test_small_backward_kernels_both_paths(shape, kw, dtype, monkeypatch):
         grads[portable] = [np.asarray(a, np.float32) for a in g]
     for name, a, b in zip(("dq", "dk", "dv"), grads["0"], grads["1"]):
         assert err(name, a, b) < 2 * TOL[dtype], name
+
+
+@pytest.mark.parametrize("shape,kw", GQA_CLUSTER_CASES[1:])  # the first runs in the both-paths backward test
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_bwd_gqa_cluster(shape, kw, dtype):
+    # The default Hopper backward on GQA shapes where the cluster rule picks J = 4 (G = 8) and J = 2 (G = 4,
+    # more CTAs than SMs), against the fp32 reference's gradients.
+    run_case(shape, dtype, grads=True, **kw)

@@ -14,10 +14,10 @@
 //     registers, dV += P^T dO and dK += dS^T Q (wgmma with A from registers: the accumulator layout of S^T is
 //     wgmma's A-register layout). It loops over the G query heads of its group (the GQA sum stays in registers)
 //     and the query tiles that can see its keys.
-//     kCluster = J > 1 (GQA, experimental): a cluster of J CTAs shares the key block, each loops over G / J of
-//     the group's heads, and the J partial dK/dV are summed in a fixed order through distributed shared memory
-//     (DkDvClusterReduce); each rank then stores 128 / J of the block's key rows. Deterministic; not bitwise
-//     equal to J = 1 (another summation order).
+//     kCluster = J > 1 (GQA; J chosen by Sm90BwdDkDvCluster): a cluster of J CTAs shares the key block, each
+//     loops over G / J of the group's heads, and the J partial dK/dV are summed in a fixed order through
+//     distributed shared memory (DkDvClusterReduce); each rank then stores 128 / J of the block's key rows.
+//     Deterministic; not bitwise equal to J = 1 (another summation order).
 //   DqSm90Kernel: CTA = 128 query rows of one (batch, head), Q and dO resident, K/V tiles streamed like the
 //     forward: S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K. It recomputes delta from O and dO (it
 //     cannot read the dq buffer it overwrites).
@@ -887,12 +887,14 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   return cudaGetLastError();
 }
 
-// JAX_OPS_ATTENTION_BWD_CLUSTER (read once): 0 = off (the default: the cluster dK/dV kernel has not run on a GPU
-// yet), -1 = Sm90BwdDkDvCluster's choice ("auto" or "1"), 2 or 4 = that cluster size wherever it divides the group.
+// JAX_OPS_ATTENTION_BWD_CLUSTER (read once per process), the dK/dV cluster size J for GQA: unset, empty or "auto"
+// = Sm90BwdDkDvCluster's rule (the default; returned as -1); "0", "off" or "1" = J = 1 (returned as 1); "2" / "4"
+// = that J wherever it divides the group, the rule elsewhere. Any other value: the rule.
 inline int Sm90BwdClusterSetting() {
   static const int setting = [] {
     const char* e = std::getenv("JAX_OPS_ATTENTION_BWD_CLUSTER");
-    if (e == nullptr || *e == '\0' || !std::strcmp(e, "0")) return 0;
+    if (e == nullptr) return -1;
+    if (!std::strcmp(e, "0") || !std::strcmp(e, "off") || !std::strcmp(e, "1")) return 1;
     if (!std::strcmp(e, "2")) return 2;
     if (!std::strcmp(e, "4")) return 4;
     return -1;
@@ -900,26 +902,30 @@ inline int Sm90BwdClusterSetting() {
   return setting;
 }
 
-// The default tiling with a dK/dV cluster setting as Sm90BwdClusterSetting's (0: J = 1).
+// The default tiling with the dK/dV cluster size `setting` (Sm90BwdClusterSetting's values: -1 = the rule, 1, 2
+// or 4). A cluster variant that refuses (before launching anything: no cluster fits on this device) falls back
+// to J = 1.
 template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionBwdSm90Cluster(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                           const BwdPointers& bp, int setting) {
   constexpr int kStages = kSm90BwdDkDvStages, kDqN = kSm90BwdDqBlockN<kHeadDim>;
   constexpr bool kEarly = kSm90BwdDvEarly<kHeadDim>;
-  if (setting != 0 && p.group > 1) {
+  if (p.group > 1) {
     int cluster = setting;
-    if (cluster < 0) {
-      int dev = 0, sms = 132;
-      if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
+    if (cluster < 1 || p.group % cluster != 0) {
+      int dev = 0, sms = 0;
+      if (cudaGetDevice(&dev) != cudaSuccess ||
+          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) {
+        cudaGetLastError();
         sms = 132;
-      const int64_t ctas = (p.seqlen_k + 127) / 128 * p.num_kv_heads * p.batch;  // dK/dV CTAs at J = 1
-      cluster = Sm90BwdDkDvCluster(p.group, ctas, sms);
+      }
+      cluster = Sm90BwdDkDvCluster(p, sms);
     }
     cudaError_t err = kSm90Refused;
-    if (cluster == 2 && p.group % 2 == 0)
+    if (cluster == 2)
       err = LaunchAttentionBwdSm90Variant<T, kHeadDim, kStages, kEarly, kDqN, kSm90BwdDqStages, false, 7, 2>(stream, p,
                                                                                                              ptr, bp);
-    else if (cluster == 4 && p.group % 4 == 0)
+    else if (cluster == 4)
       err = LaunchAttentionBwdSm90Variant<T, kHeadDim, kStages, kEarly, kDqN, kSm90BwdDqStages, false, 7, 4>(stream, p,
                                                                                                              ptr, bp);
     if (err != kSm90Refused) return err;  // refused before launching anything: J = 1 below

@@ -68,22 +68,30 @@ inline constexpr int kSm90BwdDqBlockN = kHeadDim == 64 ? 128 : 64;
 // dK/dV kernel: issue dV += P^T dO before computing dS^T (overlap) at D = 64; at D = 128 after (1-3% faster).
 template <int kHeadDim>
 inline constexpr bool kSm90BwdDvEarly = kHeadDim < 128;
-// GQA: the dK/dV kernel can split the G query heads of a group over a thread-block cluster of J CTAs, whose
-// partial dK/dV are summed in a fixed order through distributed shared memory (deterministic; kCluster in
-// attention_bwd_sm90_impl.cuh): J times the CTAs for grids too small or too unevenly loaded for 132 SMs.
-// EXPERIMENTAL, OFF by default (not yet run on a GPU): JAX_OPS_ATTENTION_BWD_CLUSTER=auto picks J below,
-// =2 / =4 forces it where it divides G; unset or 0 keeps J = 1. MHA (G = 1) always runs J = 1.
-// J: the smallest of 1, 2, 4 dividing G that gives at least kSm90BwdClusterMinWaves waves of dK/dV CTAs (ctas:
-// the count at J = 1), else the largest that divides G. The wave target is a guess, to be set from the bench.
-inline constexpr int kSm90BwdClusterMinWaves = 4;
-inline int Sm90BwdDkDvCluster(int64_t group, int64_t ctas, int num_sms) {
-  int cluster = 1;
-  for (int j = 1; j <= 4; j *= 2) {
-    if (group % j != 0) continue;
-    cluster = j;
-    if (ctas * j >= int64_t{kSm90BwdClusterMinWaves} * num_sms) break;
-  }
-  return cluster;
+// GQA: the dK/dV kernel splits the G query heads of a group over a thread-block cluster of J CTAs (kCluster in
+// attention_bwd_sm90_impl.cuh), whose partial dK/dV are summed in a fixed order through distributed shared memory
+// (deterministic run to run; not bitwise equal across J): J times the CTAs, each with G / J heads of work.
+// Measured on the H200 (132 SMs; attention_bwd_bench gqa, bf16, B = 1, H = 32; whole backward in ms at
+// J = 1 / 2 / 4; dK/dV CTAs at J = 1 = N / 128 x K, i.e. 32-512; clusters of 2 fit 66 at once, of 4 only 30 = 120 SMs):
+//   D   K mask   N = 1024          N = 4096           N = 8192
+//   128 8 causal .166/.117/.123    1.088/.989/.993    3.664/3.441/3.603
+//   128 8 full   .172/.122/.165    1.678/1.642/1.794  6.708/6.545/6.926
+//   128 4 causal .268/.167/.118    1.240/1.047/.968   3.895/3.342/3.514
+//   128 4 full   .283/.172/.183    1.712/1.633/1.857  6.707/6.534/7.006
+//   64  8 causal .118/.081/.083    .756/.652/.649     2.336/2.191/2.457
+//   64  8 full   .120/.083/.114    1.273/1.161/1.394  4.529/4.073/4.654
+//   64  4 causal .195/.119/.081    .878/.736/.669     2.715/2.215/2.391
+//   64  4 full   .199/.124/.127    1.252/1.285/1.442  4.942/4.704/4.777
+// Rule (replaces an unmeasured "4 waves" target): MHA or odd G: J = 1; J = 4 when the mask is causal or a
+// window (uneven work per key block; windows were not timed), 4 divides G and the J = 1 grid is at most one wave
+// (CTAs <= SMs); else J = 2. On the table every pick beats J = 1 (1.02-2.41x, geomean 1.26x) except D 64 K 4
+// N 4096 full (1.285 vs 1.252 ms), and is within 5.1 % of the best J. JAX_OPS_ATTENTION_BWD_CLUSTER overrides it
+// (Sm90BwdClusterSetting); the launcher falls back to J = 1 when the device cannot hold a cluster.
+inline int Sm90BwdDkDvCluster(const AttentionParams& p, int num_sms) {
+  if (p.group <= 1 || p.group % 2 != 0) return 1;
+  const bool uneven = p.is_causal || p.window_left >= 0 || p.window_right >= 0;
+  const int64_t ctas = (p.seqlen_k + 127) / 128 * p.num_kv_heads * p.batch;  // dK/dV CTAs at J = 1 (128 keys each)
+  return uneven && p.group % 4 == 0 && ctas <= num_sms ? 4 : 2;
 }
 template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionBwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,

@@ -6,8 +6,8 @@
 //     -isystem $(python3 -c "import jax.ffi as f; print(f.include_dir())") ffi_cuda/tools/attention_bwd_bench.cu \
 //     -o attention_bwd_bench
 // Usage: attention_bwd_bench [check|bench|all|small|gqa|gqa-small]   (small / gqa-small: two cases, default
-// kernels / the GQA cluster ones, for compute-sanitizer; gqa: the GQA dK/dV cluster variants only, check +
-// determinism + timing)
+// kernels (J = 1 and the GQA cluster rule) / the cluster variants J = 2 and 4, for compute-sanitizer; gqa: the
+// GQA dK/dV cluster variants only, check + determinism + timing)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -79,11 +79,12 @@ float ToF(T x) {
 }
 
 // Kernel under test: 0 = portable; 1.. = Hopper variants (kVariantNames). Parts (bit mask) only for timing.
-// 7-9: the GQA dK/dV cluster (kDkDvCluster): J = 2, J = 4 (refused unless J divides the group), and the launcher's
-// choice (Sm90BwdDkDvCluster; J = 1 for MHA) as JAX_OPS_ATTENTION_BWD_CLUSTER=auto would run it.
+// 1: the default tiling at J = 1 (what the library runs for MHA, or with JAX_OPS_ATTENTION_BWD_CLUSTER=0).
+// 7-9: the GQA dK/dV cluster (kDkDvCluster): J = 2, J = 4 (refused unless J divides the group), and the library's
+// default (Sm90BwdDkDvCluster's rule on this device's SM count, J = 1 for MHA; the env var is not read here).
 constexpr int kVariants = 10;
 const char* kVariantNames[kVariants] = {"sm80",
-                                        "sm90 (default)",
+                                        "sm90 J=1",
                                         "sm90 dkdv 3-stage",
                                         "sm90 dkdv dV-early flipped",
                                         "sm90 dq 3-stage",
@@ -91,12 +92,19 @@ const char* kVariantNames[kVariants] = {"sm80",
                                         "sm90 ping-pong",
                                         "sm90 gqa cluster 2",
                                         "sm90 gqa cluster 4",
-                                        "sm90 gqa cluster auto"};
-constexpr int kClusterVariants[] = {1, 7, 8, 9};  // J = 1 (the default) and the cluster ones
-// The J that variant 9 runs (the launcher's choice at 132 SMs).
-int AutoCluster(const AttentionParams& p) {
-  return Sm90BwdDkDvCluster(p.group, (p.seqlen_k + 127) / 128 * p.num_kv_heads * p.batch, 132);
+                                        "sm90 gqa rule (default)"};
+constexpr int kClusterVariants[] = {1, 7, 8, 9};  // J = 1 and the cluster ones
+int NumSms() {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev))
+      return 132;
+    return n;
+  }();
+  return sms;
 }
+// The J that variant 9 runs (the rule; J = 1 also where no cluster fits, which BenchGqa prints).
+int AutoCluster(const AttentionParams& p) { return Sm90BwdDkDvCluster(p, NumSms()); }
 template <typename T, int D, int kParts = 7>
 cudaError_t LaunchVariant(int variant, const AttentionParams& p, const FwdPointers& ptr, const BwdPointers& bp) {
   constexpr bool kEarly = kSm90BwdDvEarly<D>;
@@ -104,7 +112,7 @@ cudaError_t LaunchVariant(int variant, const AttentionParams& p, const FwdPointe
   switch (variant) {
     case 0:
       return LaunchAttentionBwd<T, D>(nullptr, p, ptr, bp);
-    case 1:  // what LaunchAttentionBwdSm90 runs
+    case 1:  // J = 1: what LaunchAttentionBwdSm90 runs for MHA
       return LaunchAttentionBwdSm90Variant<T, D, kSm90BwdDkDvStages, kEarly, kDqN, kSm90BwdDqStages, false, kParts>(
           nullptr, p, ptr, bp);
     case 2:
@@ -128,7 +136,7 @@ cudaError_t LaunchVariant(int variant, const AttentionParams& p, const FwdPointe
     case 8:
       return LaunchAttentionBwdSm90Variant<T, D, kSm90BwdDkDvStages, kEarly, kDqN, kSm90BwdDqStages, false, kParts, 4>(
           nullptr, p, ptr, bp);
-    case 9:
+    case 9:  // what LaunchAttentionBwdSm90 runs by default (the rule)
       if constexpr (kParts == 7) return LaunchAttentionBwdSm90Cluster<T, D>(nullptr, p, ptr, bp, -1);
       return cudaErrorInvalidValue;
   }
@@ -452,7 +460,7 @@ bool CheckGqaCluster() {
   return all_ok;
 }
 
-// small: one case per head dim, default kernels only (for compute-sanitizer).
+// small: one case per head dim (G = 2), default kernels only: J = 1 and the rule's (J = 2) (for compute-sanitizer).
 template <typename T>
 bool CheckAll(bool small = false) {
   bool all_ok = true;
@@ -460,7 +468,7 @@ bool CheckAll(bool small = false) {
     for (int D : {128, 64}) {
       const Case c{2, 300, 517, 4, 2, D, true};
       const HostCase<T> h = MakeHostCase<T>(c, 5);
-      all_ok &= CheckVariant<T>(c, h, 1);
+      for (int variant : {1, 9}) all_ok &= CheckVariant<T>(c, h, variant);
     }
     return all_ok;
   }
@@ -528,7 +536,7 @@ void BenchGqa() {
   for (int J : {2, 4}) {
     const int fit = J == 2 ? sm90::DkDvActiveClusters<T, 128, kSm90BwdDkDvStages, kSm90BwdDvEarly<128>, false, 2>()
                            : sm90::DkDvActiveClusters<T, 128, kSm90BwdDkDvStages, kSm90BwdDvEarly<128>, false, 4>();
-    std::printf("gqa: D=128 dK/dV clusters of %d resident at once: %d (%d of 132 SMs)\n", J, fit, fit * J);
+    std::printf("gqa: D=128 dK/dV clusters of %d resident at once: %d (%d of %d SMs)\n", J, fit, fit * J, NumSms());
   }
   for (int D : {128, 64})
     for (int K : {8, 4})
@@ -549,7 +557,7 @@ void BenchGqa() {
           const FwdPointers ptr = Ptrs(b);
           const BwdPointers bp = BwdPtrs(b);
           const double flops = 2.5 * (causal ? 2.0 : 4.0) * 32 * double(N) * N * D;
-          std::printf("gqa D=%3d H=32/K=%d N=%5d causal=%d (dkdv CTAs at J=1: %d, auto J=%d):", D, K, N, causal,
+          std::printf("gqa D=%3d H=32/K=%d N=%5d causal=%d (dkdv CTAs at J=1: %d, rule J=%d):", D, K, N, causal,
                       (N + 127) / 128 * K, AutoCluster(p));
           // A refused variant (clusters that do not fit) prints -1 instead of aborting the run.
           auto time_ms = [&](auto launch) { return launch() == cudaErrorNotSupported ? -1.0 : TimeMs(launch); };
