@@ -67,8 +67,9 @@ template <typename T>
 cudaError_t LaunchForHeadDim(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                              const DeviceProps& dev) {
   if (Sm90FwdSupports(p, dev.cc_major, dev.cc_minor) && !PortableForced()) {
-    const cudaError_t err = p.head_dim == 64 ? LaunchAttentionFwdSm90<T, 64, kSm90FwdStages>(stream, p, ptr)
-                                             : LaunchAttentionFwdSm90<T, 128, kSm90FwdStages>(stream, p, ptr);
+    const cudaError_t err =
+        p.head_dim == 64 ? LaunchAttentionFwdSm90<T, 64, kSm90FwdStages, 0, 128, kSm90FwdPersistent>(stream, p, ptr)
+                         : LaunchAttentionFwdSm90<T, 128, kSm90FwdStages, 0, 128, kSm90FwdPersistent>(stream, p, ptr);
     if (err != kSm90Refused) return err;
   }
   switch (p.head_dim) {

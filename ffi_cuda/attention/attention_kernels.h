@@ -43,8 +43,14 @@ inline constexpr int kSm90FwdStages = 3;  // measured: +3-12% over 2 stages at D
 // What LaunchAttentionFwdSm90 returns, before launching anything, when it cannot run here (no sm_90a machine
 // code in the build, or a TMA tensor map the driver rejects): the caller runs the portable kernel instead.
 inline constexpr cudaError_t kSm90Refused = cudaErrorNotSupported;
-template <typename T, int kHeadDim, int kStages, int kDiag = 0, int kBlockN = 128>
-cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr);
+// Persistent Hopper forward (kPersistent): one CTA per SM, each looping over query blocks in a static heavy-first
+// (longest-processing-time) order, instead of one CTA per 128-row block; bitwise the same results. Off in the
+// library until the GPU numbers (ffi_cuda/tools/attention_fwd_bench.cu, "persistent" column) say it wins.
+inline constexpr bool kSm90FwdPersistent = false;
+// num_ctas: kPersistent only, the CTAs to launch (0: one per SM); the checks use a few to give each CTA many blocks.
+template <typename T, int kHeadDim, int kStages, int kDiag = 0, int kBlockN = 128, bool kPersistent = false>
+cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
+                                   int num_ctas = 0);
 inline bool Sm90FwdSupports(const AttentionParams& p, int cc_major, int cc_minor) {
   // scale > 0: the kernel takes the row max of the raw scores (one FFMA per probability).
   return cc_major == 9 && cc_minor == 0 && (p.head_dim == 64 || p.head_dim == 128) && !p.has_bias && !p.has_mask &&
