@@ -229,14 +229,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   LoadTile<Tr>(sDo, static_cast<const T*>(bp.d_o) + p.QOffset(b, t0, n), p.q_row_stride, kB, q_valid);
   CpAsyncCommit();
 
-  const int64_t last_row = Min64(t0 + kB, Min64(q_len, p.seqlen_q)) - 1;
-  int64_t key_lo = 0, key_hi = 0;
-  if (last_row >= t0) {
-    key_lo = AllowedKeys(p, t0, q_len, kv_len).lo;
-    key_hi = AllowedKeys(p, last_row, q_len, kv_len).hi;
-  }
-  const int tile_lo = key_hi > key_lo ? static_cast<int>(key_lo / kB) : 0;
-  const int tile_hi = key_hi > key_lo ? static_cast<int>((key_hi + kB - 1) / kB) : 0;
+  const TileRange tiles = KeyTiles(BlockKeys(p, t0, kB, q_len, kv_len).any, kB);
+  const int tile_lo = tiles.lo, tile_hi = tiles.hi;
 
   CpAsyncWait<0>();
   __syncthreads();

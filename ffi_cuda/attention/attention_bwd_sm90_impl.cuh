@@ -424,15 +424,8 @@ __global__ void __launch_bounds__(384, 1)
   const int wg = threadIdx.x / 128;
 
   const auto [q_len, kv_len] = SeqLensOf(p, ptr, b);
-  const int64_t last_row = Min64(m0 + kBM, q_len) - 1;
-  int64_t key_lo = 0, key_hi = 0;
-  if (last_row >= m0) {
-    key_lo = AllowedKeys(p, m0, q_len, kv_len).lo;
-    key_hi = AllowedKeys(p, last_row, q_len, kv_len).hi;
-  }
-  const int tile_lo = key_hi > key_lo ? static_cast<int>(key_lo / kBN) : 0;
-  const int tile_hi = key_hi > key_lo ? static_cast<int>((key_hi + kBN - 1) / kBN) : 0;
-  const int num_tiles = tile_hi - tile_lo;
+  const TileRange tiles = KeyTiles(BlockKeys(p, m0, kBM, q_len, kv_len).any, kBN);
+  const int tile_lo = tiles.lo, num_tiles = tiles.hi - tiles.lo;
 
   if (threadIdx.x == 0) {
     MbarInit(q_full, 1);

@@ -1,5 +1,5 @@
 // Standalone check + timing of the CUDA attention forward kernels (no Python): the Hopper kernel
-// (attention_fwd_sm90_impl.cuh) against the sm_80 mma.sync kernel and a CPU fp32 reference on sampled rows.
+// (attention_fwd_sm90_impl.cuh) against the sm_80 mma.sync kernel and a CPU fp64 reference on sampled rows.
 // Build here, carry the binary, run on the GPU machine:
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -cudart static -I ffi_cuda \
 //     -isystem $(python3 -c "import jax.ffi as f; print(f.include_dir())") ffi_cuda/tools/attention_fwd_bench.cu \
@@ -7,7 +7,9 @@
 // Usage: attention_fwd_bench [check|small|bench|persist|all]
 //   check: every case with each Hopper variant (2 and 3 stages, 176-key tiles, persistent with one CTA per SM,
 //          with 3 CTAs and with 1 CTA), persistent outputs also compared bitwise with the one-CTA-per-block kernel;
-//   bench: TF/s of the variants; persist: only the shipped 3-stage kernel against its persistent variant.
+//   small: the check cases up to 700 x 700 (for compute-sanitizer; AFB_WATCHDOG_S=300 there);
+//   bench: TF/s of the variants; persist: only the shipped 3-stage kernel against its persistent variant, and which
+//          of the two the library's rule (Sm90FwdUsePersistent) picks.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 
 #include "attention/attention_fwd_impl.cuh"
 #include "attention/attention_fwd_sm90_impl.cuh"
+#include "tools/attention_bench_case.h"
 #include "tools/bench_check.h"
 
 using namespace jax_ops::attention;
@@ -51,36 +54,6 @@ void StartWatchdog() {
       }
     }
   }).detach();
-}
-
-struct Case {
-  int B, T, S, H, K, D;
-  bool causal;
-  int64_t wl = -1, wr = -1;
-  int q_len = -1, kv_len = -1;  // >= 0: seq lengths for every batch
-};
-
-AttentionParams MakeParams(const Case& c) {
-  AttentionParams p;
-  p.batch = c.B;
-  p.seqlen_q = c.T;
-  p.seqlen_k = c.S;
-  p.num_heads = c.H;
-  p.num_kv_heads = c.K;
-  p.group = c.H / c.K;
-  p.head_dim = c.D;
-  p.q_row_stride = int64_t{c.H} * c.D;
-  p.q_batch_stride = c.T * p.q_row_stride;
-  p.k_row_stride = int64_t{c.K} * c.D;
-  p.k_batch_stride = c.S * p.k_row_stride;
-  p.scale = 1.f / std::sqrt(static_cast<float>(c.D));
-  p.is_causal = c.causal;
-  p.window_left = c.wl;
-  p.window_right = c.wr;
-  p.has_q_seqlen = c.q_len >= 0;
-  p.has_kv_seqlen = c.kv_len >= 0;
-  p.dtype = xla::ffi::DataType::BF16;
-  return p;
 }
 
 int g_stages = 2;    // Hopper kernel pipeline depth under test
@@ -183,7 +156,7 @@ std::string Label(bool hopper) {
 // output element was written (no NaN anywhere; lse may be -inf). o_out/lse_out: the outputs, when given.
 bool Check(const Case& c, bool hopper, std::vector<T>* o_out = nullptr, std::vector<float>* lse_out = nullptr) {
   Progress();
-  AttentionParams p = MakeParams(c);
+  AttentionParams p = MakeParams<T>(c);
   Buffers b = Alloc(c, 1234 + c.T);
   const size_t nq = size_t{1} * c.B * c.T * c.H * c.D;
   CHECK(cudaMemset(b.o, 0xff, nq * 2));  // NaN poison
@@ -265,7 +238,7 @@ bool SameBits(const std::vector<T>& o, const std::vector<float>& lse, const std:
 
 double TimeMs(const Case& c, bool hopper) {
   Progress();
-  AttentionParams p = MakeParams(c);
+  AttentionParams p = MakeParams<T>(c);
   Buffers b = Alloc(c, 99, /*host_copy=*/false);
   const FwdPointers ptr = Ptrs(b);
   cudaEvent_t e0, e1;
@@ -346,14 +319,22 @@ int main(int argc, char** argv) {
   for (int D : {128, 64}) bench_cases.push_back(Case{4, 1024, 1024, 16, 16, D, true});
   auto flops_of = [](const Case& c) { return (c.causal ? 2.0 : 4.0) * c.B * c.H * double(c.T) * c.S * c.D; };
   if (!std::strcmp(mode, "persist")) {
+    int sms = 0;
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     for (const Case& c : bench_cases) {
       g_stages = 3;
       const double t93 = TimeMs(c, true);
       g_persist = 0;
       const double tp = TimeMs(c, true);
       g_persist = -1;
-      std::printf("persist B=%d H=%d D=%d N=%5d causal=%d: sm90 3-stage %6.1f TF/s | persistent %6.1f TF/s (%.3fx)\n",
-                  c.B, c.H, c.D, c.T, c.causal, flops_of(c) / t93 / 1e9, flops_of(c) / tp / 1e9, t93 / tp);
+      // What the library's dispatch (attention_cuda.cu) would launch for this shape on this device.
+      const AttentionParams p = MakeParams<T>(c);
+      const int64_t blocks = (c.T + 127) / 128 * int64_t{c.B} * c.H;
+      std::printf(
+          "persist B=%d H=%d D=%d N=%5d causal=%d: sm90 3-stage %6.1f TF/s | persistent %6.1f TF/s (%.3fx) | %lld "
+          "blocks, %d SMs: rule picks %s\n",
+          c.B, c.H, c.D, c.T, c.causal, flops_of(c) / t93 / 1e9, flops_of(c) / tp / 1e9, t93 / tp, (long long)blocks,
+          sms, Sm90FwdUsePersistent(p, sms) ? "persistent" : "one CTA per block");
     }
     g_stages = 2;
   }
