@@ -60,15 +60,37 @@ bool PortableForced() {
   return portable && std::string(portable) == "1";
 }
 
-// The Hopper kernel where it applies (Sm90FwdSupports), else the portable mma.sync kernel. The Hopper launcher
-// refuses before launching when the build has no sm_90a code or a TMA tensor map cannot be encoded; the
-// portable kernel then runs instead.
+// JAX_OPS_ATTENTION_FWD_PERSISTENT=1 / =0 forces the persistent Hopper forward on / off for the whole process (read
+// once, unlike JAX_OPS_ATTENTION_PORTABLE); unset or any other value: Sm90FwdUsePersistent decides per shape.
+int FwdPersistentForced() {
+  static const int forced = [] {
+    const char* env = std::getenv("JAX_OPS_ATTENTION_FWD_PERSISTENT");
+    const std::string v = env ? env : "";
+    return v == "1" ? 1 : v == "0" ? 0 : -1;
+  }();
+  return forced;
+}
+
+template <typename T, bool kPersistent>
+cudaError_t LaunchSm90Fwd(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr, int num_sms) {
+  return p.head_dim == 64
+             ? LaunchAttentionFwdSm90<T, 64, kSm90FwdStages, 0, 128, kPersistent>(stream, p, ptr, num_sms)
+             : LaunchAttentionFwdSm90<T, 128, kSm90FwdStages, 0, 128, kPersistent>(stream, p, ptr, num_sms);
+}
+
+// The Hopper kernel where it applies (Sm90FwdSupports), persistent or one CTA per block by Sm90FwdUsePersistent,
+// else the portable mma.sync kernel. The Hopper launcher refuses before launching when the build has no sm_90a
+// code or a TMA tensor map cannot be encoded (the persistent one also past 2^30 blocks, reachable only when
+// forced): the next kernel in that order then runs instead.
 template <typename T>
 cudaError_t LaunchForHeadDim(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                              const DeviceProps& dev) {
   if (Sm90FwdSupports(p, dev.cc_major, dev.cc_minor) && !PortableForced()) {
-    const cudaError_t err = p.head_dim == 64 ? LaunchAttentionFwdSm90<T, 64, kSm90FwdStages>(stream, p, ptr)
-                                             : LaunchAttentionFwdSm90<T, 128, kSm90FwdStages>(stream, p, ptr);
+    const int forced = FwdPersistentForced();
+    const bool persistent = forced >= 0 ? forced == 1 : Sm90FwdUsePersistent(p, dev.sm_count);
+    cudaError_t err = kSm90Refused;
+    if (persistent) err = LaunchSm90Fwd<T, true>(stream, p, ptr, dev.sm_count);
+    if (err == kSm90Refused) err = LaunchSm90Fwd<T, false>(stream, p, ptr, 0);
     if (err != kSm90Refused) return err;
   }
   switch (p.head_dim) {

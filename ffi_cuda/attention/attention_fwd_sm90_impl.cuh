@@ -12,6 +12,12 @@
 // Tiles wholly outside the allowed key range are never loaded; tiles wholly inside skip the position test.
 // Out-of-range rows/keys (tails) are zero-filled by TMA. O goes back through shared memory (the consumer's own Q
 // rows) as 16-byte coalesced stores. No bias or boolean mask here: the launcher routes those to the sm_80 kernel.
+//
+// kPersistent: one CTA per SM instead of one per block; each CTA loops over the blocks a static heavy-first
+// schedule gives it (FwdSchedule). The barriers are initialised once: the K/V ring's stage and phase carry across
+// blocks, q_full flips once per block, and a "Q free" barrier (q_empty) holds the next Q load until both consumer
+// warpgroups are done with the Q tile, including the epilogue that writes O through it. Each block is computed by
+// the same code in the same order as without kPersistent, so the results are bitwise the same.
 #pragma once
 
 #include <cuda.h>
@@ -19,6 +25,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -51,13 +58,75 @@ struct TensorMaps {
   CUtensorMap q, k, v;
 };
 
+// One CTA's unit of work: kBlockM query rows of one (batch, head) and the key tiles they see.
+struct FwdTile {
+  int64_t n, b, kh, m0, q_len, kv_len;
+  KeyRange inner;  // keys every row of the block may see: tiles inside skip the position test
+  int tile_lo, num_tiles;
+};
+
+template <int kBM, int kBN>
+__device__ __forceinline__ FwdTile FwdTileOf(const AttentionParams& p, const FwdPointers& ptr, int m_block, int64_t n,
+                                             int64_t b) {
+  FwdTile w;
+  w.n = n;
+  w.b = b;
+  w.kh = n / p.group;
+  w.m0 = int64_t{m_block} * kBM;
+  const auto [q_len, kv_len] = SeqLensOf(p, ptr, b);
+  w.q_len = q_len;
+  w.kv_len = kv_len;
+  const BlockKeyRanges block_keys = BlockKeys(p, w.m0, kBM, q_len, kv_len);
+  w.inner = block_keys.all;
+  const TileRange tiles = KeyTiles(block_keys.any, kBN);
+  w.tile_lo = tiles.lo;
+  w.num_tiles = tiles.hi - tiles.lo;
+  return w;
+}
+
+// Static schedule of the persistent kernel. Blocks in heavy-first order: query blocks from the last (under a causal
+// rule the most key tiles) to the first, the (batch, head) pairs fastest. CTA c takes, in round r, block
+// r * grid + c on even rounds and r * grid + grid - 1 - c on odd ones (a snake), so the CTAs that drew the heaviest
+// blocks of one round draw the lightest of the next: a longest-processing-time-first balance (within ~3% of a
+// greedy atomic-counter schedule in a CPU simulation of the bench shapes) with no global counter, so no workspace
+// and nothing that depends on timing. Not cut into L2-sized head groups: uneven groups broke the snake's pairing
+// (B=4 H=16 N=1024 causal: makespan 1.31x the ideal instead of 1.03x).
+struct FwdSchedule {
+  uint32_t num_blocks;  // m_blocks * heads * batch, < 2^30 (the launcher checks)
+  uint32_t m_blocks;
+  uint32_t heads;
+  uint32_t hb;  // heads * batch
+};
+
+// Block `round` of this CTA in the schedule, or false when the CTA has no more.
+template <int kBM, int kBN>
+__device__ __forceinline__ bool ScheduledTile(const AttentionParams& p, const FwdPointers& ptr, const FwdSchedule& s,
+                                              uint32_t round, FwdTile& w) {
+  const uint32_t t = round * gridDim.x + ((round & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+  if (t >= s.num_blocks) return false;
+  const uint32_t mi = t / s.hb, hb = t - mi * s.hb;
+  w = FwdTileOf<kBM, kBN>(p, ptr, static_cast<int>(s.m_blocks - 1 - mi), hb % s.heads, hb / s.heads);
+  return true;
+}
+
+// The K/V ring's (stage, phase) repeats every 2 kStages tiles: a tile count kept in [kStages, 3 kStages) once it
+// has reached kStages keeps the producer's "ring filled once already" test (count >= kStages) and every stage and
+// parity the same, and the int small however many blocks a persistent CTA runs.
+template <int kStages>
+__device__ __forceinline__ int AdvanceRing(int count, int tiles) {
+  count += tiles;
+  return count >= 3 * kStages ? kStages + (count - kStages) % (2 * kStages) : count;
+}
+
 // kDiag (timing experiments of ffi_cuda/tools/attention_fwd_bench.cu only; results are wrong when set):
 // 1 = load only the first kStages K/V tiles and reuse them (no memory traffic in the loop),
 // 2 = skip the softmax arithmetic (P = S).
-template <typename T, int kHeadDim, int kStagesT, int kDiag = 0, int kBlockNT = 128>
+template <typename T, int kHeadDim, int kStagesT, int kDiag = 0, int kBlockNT = 128, bool kPersistent = false>
 __global__ void __launch_bounds__(384, 1)
-    AttentionFwdSm90Kernel(const AttentionParams p, const FwdPointers ptr, const __grid_constant__ TensorMaps maps) {
+    AttentionFwdSm90Kernel(const AttentionParams p, const FwdPointers ptr, const __grid_constant__ TensorMaps maps,
+                           const FwdSchedule sched) {
 #if JAX_OPS_SM90
+  static_assert(!kPersistent || kDiag == 0, "the timing experiments run one block per CTA");
   using Tr = FwdTraits<kHeadDim, kStagesT, kBlockNT>;
   constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kStages = Tr::kStages;
   constexpr int kNT = kBN / 8;  // 8-column tiles of S per thread row pair
@@ -74,18 +143,12 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* k_full = bars + 1;
   uint64_t* v_full = k_full + kStages;
   uint64_t* kv_empty = v_full + kStages;
-
-  const int m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late) causal blocks first
-  const int64_t n = blockIdx.y, b = blockIdx.z;
-  const int64_t kh = n / p.group;
-  const int64_t m0 = int64_t{m_block} * kBM;
+  uint64_t* q_empty = kv_empty + kStages;  // kPersistent only: the consumers are done with the Q tile
+  static_assert((2 + 3 * kStages) * 8 <= Tr::kBarrierBytes, "barriers");
   const int wg = threadIdx.x / 128;
 
-  const auto [q_len, kv_len] = SeqLensOf(p, ptr, b);
-  const BlockKeyRanges block_keys = BlockKeys(p, m0, kBM, q_len, kv_len);
-  const KeyRange inner = block_keys.all;
-  const TileRange tiles = KeyTiles(block_keys.any, kBN);
-  const int tile_lo = tiles.lo, num_tiles = tiles.hi - tiles.lo;
+  // Without kPersistent the CTA's one block, heavy (late) causal blocks first; unused otherwise.
+  const FwdTile block_tile = FwdTileOf<kBM, kBN>(p, ptr, gridDim.x - 1 - blockIdx.x, blockIdx.y, blockIdx.z);
 
   if (threadIdx.x == 0) {
     MbarInit(q_full, 1);
@@ -94,35 +157,71 @@ __global__ void __launch_bounds__(384, 1)
       MbarInit(v_full + s, 1);
       MbarInit(kv_empty + s, 8);  // one arrival per consumer warp
     }
+    if constexpr (kPersistent) MbarInit(q_empty, 8);  // one arrival per consumer warp, after its epilogue
     FenceBarrierInit();
   }
   __syncthreads();
 
   if (wg == 0) {
     RegDealloc<Tr::kProducerRegs>();
-    if (threadIdx.x == 0 && num_tiles > 0) {
-      PrefetchTensorMap(&maps.q);
-      PrefetchTensorMap(&maps.k);
-      PrefetchTensorMap(&maps.v);
-      MbarArriveExpectTx(q_full, Tr::kQBytes);
-      for (int pn = 0; pn < Tr::kPanels; ++pn)
-        TmaLoad4d(sQ + pn * Tr::kQPanelBytes, &maps.q, q_full, pn * 64, static_cast<int>(n), static_cast<int>(m0),
-                  static_cast<int>(b));
-      for (int j = 0; j < (kDiag == 1 ? min(num_tiles, kStages) : num_tiles); ++j) {
-        const int stage = j % kStages;
-        if (j >= kStages) MbarWait(kv_empty + stage, ((j / kStages) - 1) & 1);
-        const int s0 = (tile_lo + j) * kBN;
+    // Loads of one block. `round`: the CTA's block count so far (q_full/q_empty phase); `ring`: K/V tiles loaded
+    // so far (AdvanceRing), whose stage and phase continue across blocks.
+    auto produce = [&](const FwdTile& w, int round, int ring) {
+      // Persistent: the next Q must wait until the consumers are done with the last one (q_empty), epilogue
+      // included; the first K/V tiles of the block go out before that wait, so they land during the previous
+      // block's last GEMMs and epilogue.
+      const int q_after = kPersistent ? min(w.num_tiles, kStages) : 0;
+      auto load_q = [&] {
+        if constexpr (kPersistent) {
+          if (round > 0) MbarWait(q_empty, (round - 1) & 1);
+          // No keys: nothing to load, but the epilogue still writes O = 0 through the Q tile, so the block takes
+          // its turn on q_full/q_empty like every other (one phase per block keeps the parities unambiguous).
+          if (w.num_tiles == 0) {
+            MbarArrive(q_full);
+            return;
+          }
+        }
+        MbarArriveExpectTx(q_full, Tr::kQBytes);
+        for (int pn = 0; pn < Tr::kPanels; ++pn)
+          TmaLoad4d(sQ + pn * Tr::kQPanelBytes, &maps.q, q_full, pn * 64, static_cast<int>(w.n), static_cast<int>(w.m0),
+                    static_cast<int>(w.b));
+      };
+      if (q_after == 0) load_q();
+      for (int j = 0; j < (kDiag == 1 ? min(w.num_tiles, kStages) : w.num_tiles); ++j) {
+        const int g = ring + j;
+        const int stage = g % kStages;
+        if (g >= kStages) MbarWait(kv_empty + stage, ((g / kStages) - 1) & 1);
+        const int s0 = (w.tile_lo + j) * kBN;
         unsigned char* k_dst = sK + stage * Tr::kKvBytes;
         unsigned char* v_dst = sV + stage * Tr::kKvBytes;
         MbarArriveExpectTx(k_full + stage, Tr::kKvBytes);
         for (int pn = 0; pn < Tr::kPanels; ++pn)
-          TmaLoad4d(k_dst + pn * Tr::kKvPanelBytes, &maps.k, k_full + stage, pn * 64, static_cast<int>(kh), s0,
-                    static_cast<int>(b));
+          TmaLoad4d(k_dst + pn * Tr::kKvPanelBytes, &maps.k, k_full + stage, pn * 64, static_cast<int>(w.kh), s0,
+                    static_cast<int>(w.b));
         MbarArriveExpectTx(v_full + stage, Tr::kKvBytes);
         for (int pn = 0; pn < Tr::kPanels; ++pn)
-          TmaLoad4d(v_dst + pn * Tr::kKvPanelBytes, &maps.v, v_full + stage, pn * 64, static_cast<int>(kh), s0,
-                    static_cast<int>(b));
+          TmaLoad4d(v_dst + pn * Tr::kKvPanelBytes, &maps.v, v_full + stage, pn * 64, static_cast<int>(w.kh), s0,
+                    static_cast<int>(w.b));
+        if (j + 1 == q_after) load_q();
       }
+    };
+    if constexpr (kPersistent) {
+      if (threadIdx.x == 0) {
+        PrefetchTensorMap(&maps.q);
+        PrefetchTensorMap(&maps.k);
+        PrefetchTensorMap(&maps.v);
+        FwdTile w;
+        int ring = 0;
+        for (int round = 0; ScheduledTile<kBM, kBN>(p, ptr, sched, round, w); ++round) {
+          produce(w, round, ring);
+          ring = AdvanceRing<kStages>(ring, w.num_tiles);
+        }
+      }
+    } else if (threadIdx.x == 0 && block_tile.num_tiles > 0) {
+      PrefetchTensorMap(&maps.q);
+      PrefetchTensorMap(&maps.k);
+      PrefetchTensorMap(&maps.v);
+      produce(block_tile, 0, 0);
     }
     return;
   }
@@ -131,217 +230,251 @@ __global__ void __launch_bounds__(384, 1)
   const int cw = wg - 1;                   // consumer warpgroup: query rows [64 cw, 64 cw + 64) of the block
   const int tid = threadIdx.x - 128 * wg;  // thread in the warpgroup
   const int warp = tid >> 5, lane = tid & 31;
-  const int row_in_block = cw * 64 + warp * 16 + (lane >> 2);
-  const int64_t rows[2] = {m0 + row_in_block, m0 + row_in_block + 8};
-  KeyRange row_keys[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-    row_keys[i] = rows[i] < p.seqlen_q ? AllowedKeys(p, rows[i], q_len, kv_len) : KeyRange{0, 0};
 
-  float acc_o[kHeadDim / 2];
+  // One block: `round` and `ring` as for the producer.
+  auto consume = [&](const FwdTile& w, int round, int ring) {
+    const int64_t n = w.n, b = w.b, m0 = w.m0;
+    const int64_t q_len = w.q_len, kv_len = w.kv_len;
+    const KeyRange inner = w.inner;
+    const int tile_lo = w.tile_lo, num_tiles = w.num_tiles;
+    const int row_in_block = cw * 64 + warp * 16 + (lane >> 2);
+    const int64_t rows[2] = {m0 + row_in_block, m0 + row_in_block + 8};
+    KeyRange row_keys[2];
 #pragma unroll
-  for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY};  // of the raw scores (scale > 0: Sm90FwdSupports)
-  float row_sum[2] = {0.f, 0.f};
-  const float scale_log2 = p.scale * kLog2e;
+    for (int i = 0; i < 2; ++i)
+      row_keys[i] = rows[i] < p.seqlen_q ? AllowedKeys(p, rows[i], q_len, kv_len) : KeyRange{0, 0};
 
-  unsigned char* q_rows = sQ + cw * 64 * 128;  // this warpgroup's 64 rows in each Q panel
+    float acc_o[kHeadDim / 2];
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
+    float row_max[2] = {-INFINITY, -INFINITY};  // of the raw scores (scale > 0: Sm90FwdSupports)
+    float row_sum[2] = {0.f, 0.f};
+    const float scale_log2 = p.scale * kLog2e;
 
-  float s[kBN / 2];          // S (then P, fp32) of the current tile
-  uint32_t pa[kBN / 16][4];  // P of the previous tile packed to T: the A operand of O += P V
-  // S = Q K^T of tile j: k16 steps along the head dim; a 128-byte panel holds 4 of them (32 bytes apart).
-  auto issue_s = [&](int j) {
-    const unsigned char* k_tile = sK + (j % kStages) * Tr::kKvBytes;
-    WgmmaFence();
+    unsigned char* q_rows = sQ + cw * 64 * 128;  // this warpgroup's 64 rows in each Q panel
+
+    float s[kBN / 2];          // S (then P, fp32) of the current tile
+    uint32_t pa[kBN / 16][4];  // P of the previous tile packed to T: the A operand of O += P V
+    // S = Q K^T of tile j: k16 steps along the head dim; a 128-byte panel holds 4 of them (32 bytes apart).
+    auto issue_s = [&](int j) {
+      const unsigned char* k_tile = sK + ((ring + j) % kStages) * Tr::kKvBytes;
+      WgmmaFence();
 #pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      const int off = (ks / 4) * Tr::kQPanelBytes + (ks % 4) * 32;
-      const int koff = (ks / 4) * Tr::kKvPanelBytes + (ks % 4) * 32;
-      Wgmma<T, kBN, WgmmaA::kSmem>::Run(s, SmemDesc(q_rows + off, 16, 1024), SmemDesc(k_tile + koff, 16, 1024), ks > 0);
-    }
-    WgmmaCommit();
-  };
-  // O += P V of tile j: k16 steps along the keys (16 rows of 128 bytes); V is MN-major (head dim contiguous),
-  // its 64-element panels kKvPanelBytes apart.
-  auto issue_pv = [&](int j) {
-    const unsigned char* v_tile = sV + (j % kStages) * Tr::kKvBytes;
-    if (kDiag != 1 || j < kStages) MbarWait(v_full + j % kStages, (j / kStages) & 1);
-    WgmmaFence();
-#pragma unroll
-    for (int ks = 0; ks < kBN / 16; ++ks)
-      Wgmma<T, kHeadDim, WgmmaA::kRegs>::Run(acc_o, pa[ks], SmemDesc(v_tile + ks * 2048, Tr::kKvPanelBytes, 1024), 1);
-    WgmmaCommit();
-  };
-  auto release = [&](int j) {
-    __syncwarp();
-    if (lane == 0) MbarArrive(kv_empty + j % kStages);
-  };
-  // Scale to the log2 domain, mask, online-softmax update of tile j's S in place (S becomes P); returns the
-  // rescale factors of O and of the running sums in corr.
-  // masked (std::true_type / std::false_type): a boundary tile, whose elements need the position test. Two
-  // instantiations behind a uniform branch (softmax_tile), so interior tiles carry no masking code: written as one
-  // body, the compiler if-converts the test into ~200 predicated instructions per tile on every tile.
-  auto softmax = [&](int j, float (&corr)[2], auto masked) {
-    if constexpr (kDiag == 2) {
-      corr[0] = corr[1] = 1.f;
-      return;
-    }
-    const int64_t s0 = int64_t{tile_lo + j} * kBN;
-    // Column c of the tile is allowed for row i when lo[i] <= c < hi[i] (tile-relative, clamped to [0, kBN], so
-    // the per-element test is two 32-bit compares).
-    if constexpr (decltype(masked)::value) {
-      int lo[2], hi[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        lo[i] = static_cast<int>(Min64(Max64(row_keys[i].lo - s0, 0), kBN));
-        hi[i] = static_cast<int>(Min64(Max64(row_keys[i].hi - s0, 0), kBN));
+      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+        const int off = (ks / 4) * Tr::kQPanelBytes + (ks % 4) * 32;
+        const int koff = (ks / 4) * Tr::kKvPanelBytes + (ks % 4) * 32;
+        Wgmma<T, kBN, WgmmaA::kSmem>::Run(s, SmemDesc(q_rows + off, 16, 1024), SmemDesc(k_tile + koff, 16, 1024),
+                                          ks > 0);
       }
+      WgmmaCommit();
+    };
+    // O += P V of tile j: k16 steps along the keys (16 rows of 128 bytes); V is MN-major (head dim contiguous),
+    // its 64-element panels kKvPanelBytes apart.
+    auto issue_pv = [&](int j) {
+      const int g = ring + j;
+      const unsigned char* v_tile = sV + (g % kStages) * Tr::kKvBytes;
+      if (kDiag != 1 || j < kStages) MbarWait(v_full + g % kStages, (g / kStages) & 1);
+      WgmmaFence();
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
+      for (int ks = 0; ks < kBN / 16; ++ks)
+        Wgmma<T, kHeadDim, WgmmaA::kRegs>::Run(acc_o, pa[ks], SmemDesc(v_tile + ks * 2048, Tr::kKvPanelBytes, 1024), 1);
+      WgmmaCommit();
+    };
+    auto release = [&](int j) {
+      __syncwarp();
+      if (lane == 0) MbarArrive(kv_empty + (ring + j) % kStages);
+    };
+    // Scale to the log2 domain, mask, online-softmax update of tile j's S in place (S becomes P); returns the
+    // rescale factors of O and of the running sums in corr.
+    // masked (std::true_type / std::false_type): a boundary tile, whose elements need the position test. Two
+    // instantiations behind a uniform branch (softmax_tile), so interior tiles carry no masking code: written as one
+    // body, the compiler if-converts the test into ~200 predicated instructions per tile on every tile.
+    auto softmax = [&](int j, float (&corr)[2], auto masked) {
+      if constexpr (kDiag == 2) {
+        corr[0] = corr[1] = 1.f;
+        return;
+      }
+      const int64_t s0 = int64_t{tile_lo + j} * kBN;
+      // Column c of the tile is allowed for row i when lo[i] <= c < hi[i] (tile-relative, clamped to [0, kBN], so
+      // the per-element test is two 32-bit compares).
+      if constexpr (decltype(masked)::value) {
+        int lo[2], hi[2];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = nt * 8 + (lane & 3) * 2 + (e & 1);
-          if (c < lo[e >> 1] || c >= hi[e >> 1]) s[nt * 4 + e] = -INFINITY;
+        for (int i = 0; i < 2; ++i) {
+          lo[i] = static_cast<int>(Min64(Max64(row_keys[i].lo - s0, 0), kBN));
+          hi[i] = static_cast<int>(Min64(Max64(row_keys[i].hi - s0, 0), kBN));
+        }
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int c = nt * 8 + (lane & 3) * 2 + (e & 1);
+            if (c < lo[e >> 1] || c >= hi[e >> 1]) s[nt * 4 + e] = -INFINITY;
+          }
         }
       }
-    }
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float mx = -INFINITY;
+      for (int i = 0; i < 2; ++i) {
+        float mx = -INFINITY;
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * i], s[nt * 4 + 2 * i + 1]));
-      mx = QuadMax(mx);
-      // The max of the raw scores scales to the max of the logits because scale > 0, so each probability is
-      // one FFMA + one ex2: exp2(s * scale_log2 - max * scale_log2).
-      const float new_max = fmaxf(row_max[i], mx);
-      const float offset = new_max == -INFINITY ? 0.f : new_max * scale_log2;  // no -inf - -inf
-      corr[i] = FastExp2(fmaf(row_max[i], scale_log2, -offset));
-      row_max[i] = new_max;
-      float sum = 0.f;
+        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * i], s[nt * 4 + 2 * i + 1]));
+        mx = QuadMax(mx);
+        // The max of the raw scores scales to the max of the logits because scale > 0, so each probability is
+        // one FFMA + one ex2: exp2(s * scale_log2 - max * scale_log2).
+        const float new_max = fmaxf(row_max[i], mx);
+        const float offset = new_max == -INFINITY ? 0.f : new_max * scale_log2;  // no -inf - -inf
+        corr[i] = FastExp2(fmaf(row_max[i], scale_log2, -offset));
+        row_max[i] = new_max;
+        float sum = 0.f;
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        s[nt * 4 + 2 * i] = FastExp2(fmaf(s[nt * 4 + 2 * i], scale_log2, -offset));
-        s[nt * 4 + 2 * i + 1] = FastExp2(fmaf(s[nt * 4 + 2 * i + 1], scale_log2, -offset));
-        sum += s[nt * 4 + 2 * i] + s[nt * 4 + 2 * i + 1];
+        for (int nt = 0; nt < kNT; ++nt) {
+          s[nt * 4 + 2 * i] = FastExp2(fmaf(s[nt * 4 + 2 * i], scale_log2, -offset));
+          s[nt * 4 + 2 * i + 1] = FastExp2(fmaf(s[nt * 4 + 2 * i + 1], scale_log2, -offset));
+          sum += s[nt * 4 + 2 * i] + s[nt * 4 + 2 * i + 1];
+        }
+        row_sum[i] = row_sum[i] * corr[i] + sum;
       }
-      row_sum[i] = row_sum[i] * corr[i] + sum;
-    }
-  };
-  auto softmax_tile = [&](int j, float (&corr)[2]) {
-    const int64_t s0 = int64_t{tile_lo + j} * kBN;
-    if (s0 >= inner.lo && s0 + kBN <= inner.hi) {
-      softmax(j, corr, std::false_type{});
-    } else {
-      softmax(j, corr, std::true_type{});
-    }
-  };
-  auto rescale_o_and_pack_p = [&](const float (&corr)[2]) {
+    };
+    auto softmax_tile = [&](int j, float (&corr)[2]) {
+      const int64_t s0 = int64_t{tile_lo + j} * kBN;
+      if (s0 >= inner.lo && s0 + kBN <= inner.hi) {
+        softmax(j, corr, std::false_type{});
+      } else {
+        softmax(j, corr, std::true_type{});
+      }
+    };
+    auto rescale_o_and_pack_p = [&](const float (&corr)[2]) {
 #pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
-      acc_o[dt * 4 + 0] *= corr[0];
-      acc_o[dt * 4 + 1] *= corr[0];
-      acc_o[dt * 4 + 2] *= corr[1];
-      acc_o[dt * 4 + 3] *= corr[1];
-    }
+      for (int dt = 0; dt < kDT; ++dt) {
+        acc_o[dt * 4 + 0] *= corr[0];
+        acc_o[dt * 4 + 1] *= corr[0];
+        acc_o[dt * 4 + 2] *= corr[1];
+        acc_o[dt * 4 + 3] *= corr[1];
+      }
 #pragma unroll
-    for (int ks = 0; ks < kBN / 16; ++ks) {
-      pa[ks][0] = Mma<T>::Pack(s[ks * 8 + 0], s[ks * 8 + 1]);
-      pa[ks][1] = Mma<T>::Pack(s[ks * 8 + 2], s[ks * 8 + 3]);
-      pa[ks][2] = Mma<T>::Pack(s[ks * 8 + 4], s[ks * 8 + 5]);
-      pa[ks][3] = Mma<T>::Pack(s[ks * 8 + 6], s[ks * 8 + 7]);
-    }
-  };
+      for (int ks = 0; ks < kBN / 16; ++ks) {
+        pa[ks][0] = Mma<T>::Pack(s[ks * 8 + 0], s[ks * 8 + 1]);
+        pa[ks][1] = Mma<T>::Pack(s[ks * 8 + 2], s[ks * 8 + 3]);
+        pa[ks][2] = Mma<T>::Pack(s[ks * 8 + 4], s[ks * 8 + 5]);
+        pa[ks][3] = Mma<T>::Pack(s[ks * 8 + 6], s[ks * 8 + 7]);
+      }
+    };
 
-  // Schedule (FlashAttention-3 style): the two consumer warpgroups take turns issuing their GEMMs (named
-  // barriers 3 and 4: "ping-pong"), so one's softmax runs while the other's GEMMs use the tensor cores; inside a
-  // warpgroup, S(j) = Q K(j)^T is issued together with O += P(j-1) V(j-1) and the softmax of S(j) overlaps that
-  // PV GEMM. Each warpgroup syncs once per tile on its own barrier and arrives once on the other's; warpgroup 1
-  // opens the first turn for warpgroup 0 and skips its last arrival, so the counts match.
-  const int my_turn = 3 + cw, other_turn = 4 - cw;
-  if (num_tiles > 0) {
-    MbarWait(q_full, 0);
-    if (cw == 1) NamedBarrierArrive(3, 256);
-    float corr[2];
-    // Tile 0: S only.
-    MbarWait(k_full, 0);
-    NamedBarrier(my_turn, 256);
-    issue_s(0);
-    if (!(cw == 1 && num_tiles == 1)) NamedBarrierArrive(other_turn, 256);
-    WgmmaWait<0>();
-    FenceRegs(s);
-    softmax_tile(0, corr);
-    rescale_o_and_pack_p(corr);
-    for (int j = 1; j < num_tiles; ++j) {
-      if (kDiag != 1 || j < kStages) MbarWait(k_full + j % kStages, (j / kStages) & 1);
+    // Schedule (FlashAttention-3 style): the two consumer warpgroups take turns issuing their GEMMs (named
+    // barriers 3 and 4: "ping-pong"), so one's softmax runs while the other's GEMMs use the tensor cores; inside a
+    // warpgroup, S(j) = Q K(j)^T is issued together with O += P(j-1) V(j-1) and the softmax of S(j) overlaps that
+    // PV GEMM. Each warpgroup syncs once per tile on its own barrier and arrives once on the other's; warpgroup 1
+    // opens the first turn for warpgroup 0 and skips its last arrival, so the counts match.
+    const int my_turn = 3 + cw, other_turn = 4 - cw;
+    // Persistent: every block, keys or not, waits for its Q phase (its epilogue reuses the Q tile).
+    if constexpr (kPersistent) MbarWait(q_full, round & 1);
+    if (num_tiles > 0) {
+      if constexpr (!kPersistent) MbarWait(q_full, 0);
+      if (cw == 1) NamedBarrierArrive(3, 256);
+      float corr[2];
+      // Tile 0: S only.
+      MbarWait(k_full + ring % kStages, (ring / kStages) & 1);
       NamedBarrier(my_turn, 256);
-      issue_s(j);
-      issue_pv(j - 1);
-      if (!(cw == 1 && j == num_tiles - 1)) NamedBarrierArrive(other_turn, 256);
-      WgmmaWait<1>();  // S(j) done; PV(j-1) may still run (it reads pa, untouched until it ends)
+      issue_s(0);
+      if (!(cw == 1 && num_tiles == 1)) NamedBarrierArrive(other_turn, 256);
+      WgmmaWait<0>();
       FenceRegs(s);
-      softmax_tile(j, corr);
+      softmax_tile(0, corr);
+      rescale_o_and_pack_p(corr);
+      for (int j = 1; j < num_tiles; ++j) {
+        if (kDiag != 1 || j < kStages) MbarWait(k_full + (ring + j) % kStages, ((ring + j) / kStages) & 1);
+        NamedBarrier(my_turn, 256);
+        issue_s(j);
+        issue_pv(j - 1);
+        if (!(cw == 1 && j == num_tiles - 1)) NamedBarrierArrive(other_turn, 256);
+        WgmmaWait<1>();  // S(j) done; PV(j-1) may still run (it reads pa, untouched until it ends)
+        FenceRegs(s);
+        softmax_tile(j, corr);
+        WgmmaWait<0>();
+        FenceRegs(acc_o);
+        release(j - 1);
+        rescale_o_and_pack_p(corr);
+      }
+      issue_pv(num_tiles - 1);
       WgmmaWait<0>();
       FenceRegs(acc_o);
-      release(j - 1);
-      rescale_o_and_pack_p(corr);
+      release(num_tiles - 1);
     }
-    issue_pv(num_tiles - 1);
-    WgmmaWait<0>();
-    FenceRegs(acc_o);
-    release(num_tiles - 1);
-  }
 
-  // Epilogue: O / l into this warpgroup's Q rows (swizzled like the tile), then 16-byte coalesced stores.
-  float inv[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float l = QuadSum(row_sum[i]);
-    inv[i] = l > 0.f ? 1.f / l : 0.f;
-    if ((lane & 3) == 0 && rows[i] < p.seqlen_q)
-      ptr.lse[p.LseOffset(b, n, rows[i])] = l > 0.f ? row_max[i] * p.scale + log2f(l) / kLog2e : -INFINITY;
-  }
-#pragma unroll
-  for (int dt = 0; dt < kDT; ++dt) {
+    // Epilogue: O / l into this warpgroup's Q rows (swizzled like the tile), then 16-byte coalesced stores.
+    float inv[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int r = warp * 16 + (lane >> 2) + 8 * i;  // row within the warpgroup's 64
-      const int d = dt * 8 + (lane & 3) * 2;
-      const int chunk = (d & 63) >> 3;
-      unsigned char* dst = q_rows + (d >> 6) * Tr::kQPanelBytes + r * 128 + ((chunk ^ (r & 7)) << 4) + (d & 7) * 2;
-      *reinterpret_cast<uint32_t*>(dst) =
-          Mma<T>::Pack(acc_o[dt * 4 + 2 * i] * inv[i], acc_o[dt * 4 + 2 * i + 1] * inv[i]);
+      const float l = QuadSum(row_sum[i]);
+      inv[i] = l > 0.f ? 1.f / l : 0.f;
+      if ((lane & 3) == 0 && rows[i] < p.seqlen_q)
+        ptr.lse[p.LseOffset(b, n, rows[i])] = l > 0.f ? row_max[i] * p.scale + log2f(l) / kLog2e : -INFINITY;
     }
-  }
-  NamedBarrier(1 + cw, 128);
-  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-  T* o = static_cast<T*>(ptr.o);
-  for (int idx = tid; idx < 64 * kChunks; idx += 128) {
-    const int r = idx / kChunks, c = idx % kChunks;
-    const int64_t t = m0 + cw * 64 + r;
-    if (t >= p.seqlen_q) continue;
-    const unsigned char* src = q_rows + (c >> 3) * Tr::kQPanelBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4);
-    *reinterpret_cast<uint4*>(o + p.QOffset(b, t, n) + c * 8) = *reinterpret_cast<const uint4*>(src);
+    if constexpr (kPersistent) {
+      // The staging below overwrites Q rows that other warps of this warpgroup read in the previous block's
+      // copy-out. q_empty -> producer -> q_full already orders the two, but compute-sanitizer's racecheck does not
+      // follow that mbarrier chain and reported the pair as a hazard; this warpgroup barrier (same id as the one
+      // after the staging) makes the order explicit, at one bar.sync per block and warpgroup.
+      NamedBarrier(1 + cw, 128);
+    }
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = warp * 16 + (lane >> 2) + 8 * i;  // row within the warpgroup's 64
+        const int d = dt * 8 + (lane & 3) * 2;
+        const int chunk = (d & 63) >> 3;
+        unsigned char* dst = q_rows + (d >> 6) * Tr::kQPanelBytes + r * 128 + ((chunk ^ (r & 7)) << 4) + (d & 7) * 2;
+        *reinterpret_cast<uint32_t*>(dst) =
+            Mma<T>::Pack(acc_o[dt * 4 + 2 * i] * inv[i], acc_o[dt * 4 + 2 * i + 1] * inv[i]);
+      }
+    }
+    NamedBarrier(1 + cw, 128);
+    constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+    T* o = static_cast<T*>(ptr.o);
+    for (int idx = tid; idx < 64 * kChunks; idx += 128) {
+      const int r = idx / kChunks, c = idx % kChunks;
+      const int64_t t = m0 + cw * 64 + r;
+      if (t >= p.seqlen_q) continue;
+      const unsigned char* src = q_rows + (c >> 3) * Tr::kQPanelBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+      *reinterpret_cast<uint4*>(o + p.QOffset(b, t, n) + c * 8) = *reinterpret_cast<const uint4*>(src);
+    }
+    if constexpr (kPersistent) {
+      // Q free: this warp's reads and writes of the Q tile are done (the fence orders them before the producer's
+      // next TMA write of it); 8 warps arrive once per block.
+      FenceProxyAsyncSmem();
+      __syncwarp();
+      if (lane == 0) MbarArrive(q_empty);
+    }
+  };
+
+  if constexpr (kPersistent) {
+    FwdTile w;
+    int ring = 0;
+    for (int round = 0; ScheduledTile<kBM, kBN>(p, ptr, sched, round, w); ++round) {
+      consume(w, round, ring);
+      ring = AdvanceRing<kStages>(ring, w.num_tiles);
+    }
+  } else {
+    consume(block_tile, 0, 0);
   }
 #endif
 }
 
 }  // namespace sm90
 
-template <typename T, int kHeadDim, int kStages, int kDiag, int kBlockN>
-cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr) {
+template <typename T, int kHeadDim, int kStages, int kDiag, int kBlockN, bool kPersistent>
+cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
+                                   int num_ctas) {
   using Tr = sm90::FwdTraits<kHeadDim, kStages, kBlockN>;
+  const auto kernel = sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag, kBlockN, kPersistent>;
   if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
-  const cudaError_t attr_status = SetDynamicSmemOnce(
-      reinterpret_cast<const void*>(&sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag, kBlockN>),
-      Tr::kSmemBytes);
+  const cudaError_t attr_status = SetDynamicSmemOnce(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
   if (attr_status != cudaSuccess) return attr_status;
   // A build without sm_90a machine code would run the empty (non-sm90a) body: refuse instead of returning garbage.
-  static const int binary_version = [] {
+  static const int binary_version = [kernel] {
     cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag, kBlockN>) ==
-                   cudaSuccess
-               ? attr.binaryVersion
-               : 0;
+    return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.binaryVersion : 0;
   }();
   if (binary_version != 90) return kSm90Refused;
   sm90::TensorMaps maps;
@@ -350,14 +483,28 @@ cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p
       !sm90::EncodeMap<T>(&maps.v, ptr.v, p.batch, p.seqlen_k, p.num_kv_heads, kHeadDim, Tr::kBlockN))
     return kSm90Refused;
   const int64_t m_blocks = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
-  const dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch));
-  sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag, kBlockN>
-      <<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, ptr, maps);
+  dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch));
+  sm90::FwdSchedule sched{};
+  if constexpr (kPersistent) {
+    const int64_t hb = p.num_heads * p.batch, blocks = m_blocks * hb;
+    if (blocks >= (int64_t{1} << 30)) return kSm90Refused;  // the schedule's 32-bit block index
+    int device = 0, sms = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    // One CTA per SM is what fits (shared memory, and 384 threads at __launch_bounds__(384, 1)).
+    const int64_t ctas = num_ctas > 0 ? num_ctas : sms;
+    grid = dim3(static_cast<unsigned>(std::min(blocks, std::max<int64_t>(ctas, 1))));
+    sched = sm90::FwdSchedule{static_cast<uint32_t>(blocks), static_cast<uint32_t>(m_blocks),
+                              static_cast<uint32_t>(p.num_heads), static_cast<uint32_t>(hb)};
+  }
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, ptr, maps, sched);
   return cudaGetLastError();
 }
 
-#define JAX_OPS_INSTANTIATE_ATTENTION_FWD_SM90(T, D)                                                      \
-  template cudaError_t LaunchAttentionFwdSm90<T, D, kSm90FwdStages>(cudaStream_t, const AttentionParams&, \
-                                                                    const FwdPointers&);
+// The library's two variants of one dtype and head dim (Sm90FwdUsePersistent picks), one per file.
+#define JAX_OPS_INSTANTIATE_ATTENTION_FWD_SM90(T, D, kPersistent)                         \
+  template cudaError_t LaunchAttentionFwdSm90<T, D, kSm90FwdStages, 0, 128, kPersistent>( \
+      cudaStream_t, const AttentionParams&, const FwdPointers&, int);
 
 }  // namespace jax_ops::attention

@@ -41,14 +41,39 @@ cudaError_t LaunchAttentionFwd(cudaStream_t stream, const AttentionParams& p, co
 // mask (Sm90FwdSupports). kStages: K/V pipeline depth (the build instantiates kSm90FwdStages).
 inline constexpr int kSm90FwdStages = 3;  // measured: +3-12% over 2 stages at D=128 (H200)
 // What LaunchAttentionFwdSm90 returns, before launching anything, when it cannot run here (no sm_90a machine
-// code in the build, or a TMA tensor map the driver rejects): the caller runs the portable kernel instead.
+// code in the build, or a TMA tensor map the driver rejects): the caller falls back (attention_cuda.cu).
 inline constexpr cudaError_t kSm90Refused = cudaErrorNotSupported;
-template <typename T, int kHeadDim, int kStages, int kDiag = 0, int kBlockN = 128>
-cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr);
+// Persistent Hopper forward (kPersistent): one CTA per SM, each looping over 128-row query blocks in a static
+// heavy-first (longest-processing-time) order, instead of one CTA per block; bitwise the same results. The build
+// instantiates both; Sm90FwdUsePersistent picks one per call.
+// num_ctas: kPersistent only, the CTAs to launch (0: one per SM, asked of the driver; the library passes its cached
+// SM count); the checks use a few to give each CTA many blocks.
+template <typename T, int kHeadDim, int kStages, int kDiag = 0, int kBlockN = 128, bool kPersistent = false>
+cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
+                                   int num_ctas = 0);
 inline bool Sm90FwdSupports(const AttentionParams& p, int cc_major, int cc_minor) {
   // scale > 0: the kernel takes the row max of the raw scores (one FFMA per probability).
   return cc_major == 9 && cc_minor == 0 && (p.head_dim == 64 || p.head_dim == 128) && !p.has_bias && !p.has_mask &&
          p.scale > 0.f && p.seqlen_q < (int64_t{1} << 31) && p.seqlen_k < (int64_t{1} << 31);
+}
+
+// Whether the Hopper forward runs persistent: when the grid is at most 8 waves of 128-row query blocks
+// (ceil(T / 128) * B * H <= 8 * SMs), except non-causal grids (no causal mask, no window) of at most 2 waves,
+// whose blocks all cost the same and already balance as one CTA per block.
+// Measured (H200, 132 SMs; standalone attention_fwd_bench persist, 2026-11-29; TF/s of the persistent 3-stage kernel
+// over the one-CTA-per-block 3-stage kernel; [blocks] and the rule's pick in brackets):
+//   B1 H32 D128 causal      N=1024 1.243x [256 P]  4096 1.085x [1024 P]  8192 0.949x [2048 -]  16384 0.930x [4096 -]
+//   B1 H32 D128 non-causal  N=1024 0.974x [256 -]  4096 1.159x [1024 P]  8192 0.951x [2048 -]  16384 0.906x [4096 -]
+//   B1 H32 D64  N=4096      causal 1.121x [1024 P]  non-causal 0.991x [1024 P: the one row the rule gets wrong]
+//   B4 H16 N=1024 causal    D128 1.198x [512 P]  D64 1.181x [512 P]
+// It gains from the last wave's tail (causal blocks are uneven; few waves leave SMs idle) and loses on long grids,
+// likely because the schedule takes the (batch, head) pairs fastest, so concurrent CTAs stream different heads' K/V
+// and share less of L2 (not measured). The shape only, so one call site always gets the same kernel.
+inline bool Sm90FwdUsePersistent(const AttentionParams& p, int num_sms) {
+  if (num_sms <= 0) return false;
+  const int64_t blocks = (p.seqlen_q + 127) / 128 * p.batch * p.num_heads;
+  const bool masked = p.is_causal || p.window_left >= 0 || p.window_right >= 0;
+  return blocks <= 8 * int64_t{num_sms} && (masked || blocks > 2 * int64_t{num_sms});
 }
 
 // Backward without bias gradient: dq, dk, dv. kHeadDim: 32, 64, 96, 128 (256 would spill the accumulators).

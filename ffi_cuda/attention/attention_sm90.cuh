@@ -64,6 +64,14 @@ __device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
 #endif
 }
 
+// Orders this thread's earlier generic-proxy shared-memory accesses (ld/st.shared) before async-proxy accesses (a
+// TMA load another thread issues after a barrier) to the same bytes: the write-after-read/write of a reused tile.
+__device__ __forceinline__ void FenceProxyAsyncSmem() {
+#if JAX_OPS_SM90
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 // TMA: one box of a 4-D tensor map into shared memory; completion is counted on `bar` in bytes.
 __device__ __forceinline__ void TmaLoad4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
                                           int c3) {

@@ -1,17 +1,27 @@
 // Standalone check + timing of the CUDA attention forward kernels (no Python): the Hopper kernel
-// (attention_fwd_sm90_impl.cuh) against the sm_80 mma.sync kernel and a CPU fp32 reference on sampled rows.
+// (attention_fwd_sm90_impl.cuh) against the sm_80 mma.sync kernel and a CPU fp64 reference on sampled rows.
 // Build here, carry the binary, run on the GPU machine:
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -cudart static -I ffi_cuda \
 //     -isystem $(python3 -c "import jax.ffi as f; print(f.include_dir())") ffi_cuda/tools/attention_fwd_bench.cu \
 //     -o attention_fwd_bench
-// Usage: attention_fwd_bench [check|bench|all]
+// Usage: attention_fwd_bench [check|small|bench|persist|all]
+//   check: every case with each Hopper variant (2 and 3 stages, 176-key tiles, persistent with one CTA per SM,
+//          with 3 CTAs and with 1 CTA), persistent outputs also compared bitwise with the one-CTA-per-block kernel;
+//   small: the check cases up to 700 x 700 (for compute-sanitizer; AFB_WATCHDOG_S=300 there);
+//   bench: TF/s of the variants; persist: only the shipped 3-stage kernel against its persistent variant, and which
+//          of the two the library's rule (Sm90FwdUsePersistent) picks.
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "attention/attention_fwd_impl.cuh"
@@ -22,10 +32,38 @@
 using namespace jax_ops::attention;
 using T = __nv_bfloat16;
 
-int g_stages = 2;  // Hopper kernel pipeline depth under test
-int g_diag = 0;    // Hopper timing experiment (kDiag of attention_fwd_sm90_impl.cuh), with 3 stages
+// A hung kernel (a barrier phase out of step) would burn the GPU session: each check and timing bumps this clock
+// and a watchdog exits when one takes longer than AFB_WATCHDOG_S seconds (default 20; more under compute-sanitizer).
+std::atomic<int64_t> g_progress_ms{0};
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+void Progress() { g_progress_ms = NowMs(); }
+void StartWatchdog() {
+  Progress();
+  const char* env = std::getenv("AFB_WATCHDOG_S");
+  const int limit_s = env ? std::atoi(env) : 20;
+  std::thread([limit_s] {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      if (NowMs() - g_progress_ms.load() > 1000 * limit_s) {
+        std::printf("WATCHDOG: no progress for %d s (hang?)\n", limit_s);
+        std::fflush(stdout);
+        std::_Exit(3);
+      }
+    }
+  }).detach();
+}
+
+int g_stages = 2;    // Hopper kernel pipeline depth under test
+int g_diag = 0;      // Hopper timing experiment (kDiag of attention_fwd_sm90_impl.cuh), with 3 stages
+int g_persist = -1;  // Hopper persistent variant (g_stages stages): -1 off, 0 one CTA per SM, k > 0 k CTAs
 template <int D>
 cudaError_t Launch(bool hopper, const AttentionParams& p, const FwdPointers& ptr) {
+  if (hopper && g_persist >= 0)
+    return g_stages == 3 ? LaunchAttentionFwdSm90<T, D, 3, 0, 128, true>(nullptr, p, ptr, g_persist)
+                         : LaunchAttentionFwdSm90<T, D, 2, 0, 128, true>(nullptr, p, ptr, g_persist);
   if (hopper && g_diag == 1) return LaunchAttentionFwdSm90<T, D, 3, 1>(nullptr, p, ptr);
   if (hopper && g_diag == 2) return LaunchAttentionFwdSm90<T, D, 3, 2>(nullptr, p, ptr);
   if (hopper && g_diag == 3) return LaunchAttentionFwdSm90<T, D, 2, 0, 176>(nullptr, p, ptr);
@@ -105,8 +143,19 @@ FwdPointers Ptrs(const Buffers& b) {
   return FwdPointers{b.q, b.k, b.v, nullptr, nullptr, b.qsl, b.kvsl, b.o, b.lse, false};
 }
 
-// Runs the kernel with poisoned outputs; compares sampled rows with an fp32 CPU reference.
-bool Check(const Case& c, bool hopper) {
+std::string Label(bool hopper) {
+  if (!hopper) return "sm80";
+  if (g_diag == 3) return "sm90 176k";
+  std::string l = g_persist >= 0 ? "pers" : "sm90";
+  l += g_stages == 3 ? " 3st" : " 2st";
+  if (g_persist > 0) l += " " + std::to_string(g_persist) + "cta";
+  return l;
+}
+
+// Runs the kernel with poisoned outputs; compares sampled rows with an fp64 CPU reference, and checks that every
+// output element was written (no NaN anywhere; lse may be -inf). o_out/lse_out: the outputs, when given.
+bool Check(const Case& c, bool hopper, std::vector<T>* o_out = nullptr, std::vector<float>* lse_out = nullptr) {
+  Progress();
   AttentionParams p = MakeParams<T>(c);
   Buffers b = Alloc(c, 1234 + c.T);
   const size_t nq = size_t{1} * c.B * c.T * c.H * c.D;
@@ -120,6 +169,8 @@ bool Check(const Case& c, bool hopper) {
   CHECK(cudaMemcpy(hl.data(), b.lse, hl.size() * 4, cudaMemcpyDeviceToHost));
   double max_err = 0, err2 = 0, ref2 = 0, lse_err = 0;
   bool nan = false;
+  for (const T& x : ho) nan |= std::isnan(__bfloat162float(x));
+  for (float x : hl) nan |= std::isnan(x);
   std::mt19937 rng(7);
   const int samples = 48;
   for (int si = 0; si < samples; ++si) {
@@ -164,15 +215,29 @@ bool Check(const Case& c, bool hopper) {
   const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
   const bool ok = !nan && rel < 1e-2 && lse_err < 1e-2;
   std::printf(
-      "check %-6s B=%d T=%d S=%d H=%d K=%d D=%d causal=%d win=(%lld,%lld) len=(%d,%d): max_abs %.3e rel_l2 %.3e lse "
+      "check %-14s B=%d T=%d S=%d H=%d K=%d D=%d causal=%d win=(%lld,%lld) len=(%d,%d): max_abs %.3e rel_l2 %.3e lse "
       "%.2e %s\n",
-      hopper ? "sm90" : "sm80", c.B, c.T, c.S, c.H, c.K, c.D, c.causal, (long long)c.wl, (long long)c.wr, c.q_len,
+      Label(hopper).c_str(), c.B, c.T, c.S, c.H, c.K, c.D, c.causal, (long long)c.wl, (long long)c.wr, c.q_len,
       c.kv_len, max_err, rel, lse_err, ok ? "OK" : "FAIL");
   Free(b);
+  if (o_out) *o_out = std::move(ho);
+  if (lse_out) *lse_out = std::move(hl);
   return ok;
 }
 
+// Bitwise equality of two runs' outputs (the persistent kernel computes each block exactly as the other one).
+bool SameBits(const std::vector<T>& o, const std::vector<float>& lse, const std::vector<T>& o_ref,
+              const std::vector<float>& lse_ref) {
+  const bool same = o.size() == o_ref.size() && lse.size() == lse_ref.size() &&
+                    !std::memcmp(o.data(), o_ref.data(), o.size() * sizeof(T)) &&
+                    !std::memcmp(lse.data(), lse_ref.data(), lse.size() * sizeof(float));
+  std::printf("      %-14s bitwise equal to the one-CTA-per-block kernel: %s\n", Label(true).c_str(),
+              same ? "OK" : "FAIL");
+  return same;
+}
+
 double TimeMs(const Case& c, bool hopper) {
+  Progress();
   AttentionParams p = MakeParams<T>(c);
   Buffers b = Alloc(c, 99, /*host_copy=*/false);
   const FwdPointers ptr = Ptrs(b);
@@ -199,8 +264,12 @@ double TimeMs(const Case& c, bool hopper) {
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines survive a timeout kill
   const char* mode = argc > 1 ? argv[1] : "all";
+  StartWatchdog();
   bool all_ok = true;
-  if (!std::strcmp(mode, "check") || !std::strcmp(mode, "all")) {
+  // small: the check cases up to 700 x 700 (seq lengths with empty blocks, kv_len = 0, tails, T = 1, S = 1), for
+  // compute-sanitizer.
+  const bool small = !std::strcmp(mode, "small");
+  if (!std::strcmp(mode, "check") || !std::strcmp(mode, "all") || small) {
     const Case cases[] = {
         {1, 128, 128, 1, 1, 128, false},
         {1, 128, 128, 1, 1, 64, false},
@@ -212,43 +281,91 @@ int main(int argc, char** argv) {
         {1, 777, 777, 2, 2, 128, true, 100, 0},
         {2, 640, 640, 2, 2, 64, true, -1, -1, 500, 333},
         {1, 4096, 4096, 2, 2, 128, true},
+        // Persistent-schedule stress: every block without keys (kv_len = 0), and many blocks per CTA with GQA.
+        {3, 520, 400, 4, 2, 128, true, -1, -1, 520, 0},
+        {4, 1024, 1024, 16, 4, 64, true},
     };
     for (const Case& c : cases) {
-      all_ok &= Check(c, true);
+      if (small && int64_t{c.T} * c.S > 700 * 700) continue;
+      std::vector<T> o2, o3, o;
+      std::vector<float> l2, l3, l;
+      all_ok &= Check(c, true, &o2, &l2);
       g_stages = 3;
-      all_ok &= Check(c, true);
+      all_ok &= Check(c, true, &o3, &l3);
       g_stages = 2;
       g_diag = 3;  // 176-key tiles (a correct variant, unlike 1 and 2)
       all_ok &= Check(c, true);
       g_diag = 0;
+      // Persistent: one CTA per SM (the launch the library would make), 3 CTAs and 1 CTA (many blocks per CTA:
+      // the K/V ring and the Q barriers wrap across blocks), against the reference and bitwise against the
+      // one-CTA-per-block kernel of the same depth.
+      for (const auto [stages, ctas] : {std::pair{3, 0}, std::pair{3, 3}, std::pair{2, 1}}) {
+        g_stages = stages;
+        g_persist = ctas;
+        all_ok &= Check(c, true, &o, &l);
+        all_ok &= stages == 3 ? SameBits(o, l, o3, l3) : SameBits(o, l, o2, l2);
+      }
+      g_persist = -1;
+      g_stages = 2;
     }
   }
+  // B=1 H=32: D=128 at N = 1024..16384 and D=64 at N = 4096, causal and full; then B=4 H=16 N=1024 causal, where
+  // the causal tail of the last wave weighs most.
+  std::vector<Case> bench_cases;
+  for (int D : {128, 64})
+    for (bool causal : {true, false})
+      for (int N : {1024, 4096, 8192, 16384})
+        if (D == 128 || N == 4096) bench_cases.push_back(Case{1, N, N, 32, 32, D, causal});
+  for (int D : {128, 64}) bench_cases.push_back(Case{4, 1024, 1024, 16, 16, D, true});
+  auto flops_of = [](const Case& c) { return (c.causal ? 2.0 : 4.0) * c.B * c.H * double(c.T) * c.S * c.D; };
+  if (!std::strcmp(mode, "persist")) {
+    int sms = 0;
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    for (const Case& c : bench_cases) {
+      g_stages = 3;
+      const double t93 = TimeMs(c, true);
+      g_persist = 0;
+      const double tp = TimeMs(c, true);
+      g_persist = -1;
+      // What the library's dispatch (attention_cuda.cu) would launch for this shape on this device.
+      const AttentionParams p = MakeParams<T>(c);
+      const int64_t blocks = (c.T + 127) / 128 * int64_t{c.B} * c.H;
+      std::printf(
+          "persist B=%d H=%d D=%d N=%5d causal=%d: sm90 3-stage %6.1f TF/s | persistent %6.1f TF/s (%.3fx) | %lld "
+          "blocks, %d SMs: rule picks %s\n",
+          c.B, c.H, c.D, c.T, c.causal, flops_of(c) / t93 / 1e9, flops_of(c) / tp / 1e9, t93 / tp, (long long)blocks,
+          sms, Sm90FwdUsePersistent(p, sms) ? "persistent" : "one CTA per block");
+    }
+    g_stages = 2;
+  }
   if (!std::strcmp(mode, "bench") || !std::strcmp(mode, "all")) {
-    for (int D : {128, 64})
-      for (bool causal : {true, false})
-        for (int N : {1024, 4096, 8192, 16384}) {
-          if (D == 64 && N != 4096) continue;
-          const Case c{1, N, N, 32, 32, D, causal};
-          const double flops = (causal ? 2.0 : 4.0) * 32 * double(N) * N * D;
-          const double t80 = TimeMs(c, false);
-          g_stages = 2;
-          const double t90 = TimeMs(c, true);
-          g_stages = 3;
-          const double t93 = TimeMs(c, true);
-          g_diag = 1;
-          const double t_noload = TimeMs(c, true);
-          g_diag = 2;
-          const double t_nosoftmax = TimeMs(c, true);
-          g_diag = 3;
-          const double t176 = TimeMs(c, true);
-          g_diag = 0;
-          g_stages = 2;
-          std::printf(
-              "bench D=%d N=%5d causal=%d: sm80 %6.1f TF/s | sm90 2-stage %6.1f | 3-stage %6.1f | 3-stage without "
-              "K/V loads %6.1f | 3-stage without softmax %6.1f | 2-stage 176-key tiles %6.1f TF/s\n",
-              D, N, causal, flops / t80 / 1e9, flops / t90 / 1e9, flops / t93 / 1e9, flops / t_noload / 1e9,
-              flops / t_nosoftmax / 1e9, flops / t176 / 1e9);
-        }
+    for (const Case& c : bench_cases) {
+      const int D = c.D, N = c.T;
+      const bool causal = c.causal;
+      const double flops = flops_of(c);
+      const double t80 = TimeMs(c, false);
+      g_stages = 2;
+      const double t90 = TimeMs(c, true);
+      g_stages = 3;
+      const double t93 = TimeMs(c, true);
+      g_diag = 1;
+      const double t_noload = TimeMs(c, true);
+      g_diag = 2;
+      const double t_nosoftmax = TimeMs(c, true);
+      g_diag = 3;
+      const double t176 = TimeMs(c, true);
+      g_diag = 0;
+      g_persist = 0;  // 3 stages, one CTA per SM
+      const double tp = TimeMs(c, true);
+      g_persist = -1;
+      g_stages = 2;
+      std::printf(
+          "bench B=%d H=%d D=%d N=%5d causal=%d: sm80 %6.1f TF/s | sm90 2-stage %6.1f | 3-stage %6.1f | 3-stage "
+          "without K/V loads %6.1f | 3-stage without softmax %6.1f | 2-stage 176-key tiles %6.1f | persistent "
+          "3-stage %6.1f TF/s\n",
+          c.B, c.H, D, N, causal, flops / t80 / 1e9, flops / t90 / 1e9, flops / t93 / 1e9, flops / t_noload / 1e9,
+          flops / t_nosoftmax / 1e9, flops / t176 / 1e9, flops / tp / 1e9);
+    }
   }
   std::printf(all_ok ? "ALL OK\n" : "SOME FAILED\n");
   return all_ok ? 0 : 1;

@@ -7,7 +7,8 @@
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -cudart static \
 //     -I ffi_cuda -isystem $(python3 -c "import jax.ffi as f; print(f.include_dir())") -isystem $CU/include \
 //     ffi_cuda/tools/spmv_bench.cu -o spmv_bench -L $CU/lib -l:libcusparse.so.12
-// Usage: spmv_bench [--small] [--quick] [--csv FILE]
+// Usage: spmv_bench [--small] [--quick] [--lsmr-pass] [--csv FILE]
+//   --lsmr-pass: LSMR's two sweeps vs the one-pass experiment (tools/lsmr_pass.cuh) on the LSQ matrices.
 //   --small: only the small every-path correctness checks (all dtypes, N = 1 and SpMM), e.g. under
 //            compute-sanitizer; --quick: no parameter sweeps, only the dispatched plan and cuSPARSE.
 #include <cuda_bf16.h>
@@ -26,6 +27,7 @@
 
 #include "sparse/spmm_kernels_impl.cuh"
 #include "tools/bench_check.h"
+#include "tools/lsmr_pass.cuh"
 
 using namespace jax_ops::sparse;
 
@@ -823,9 +825,106 @@ static int SmallChecks(const char* dname, double tol, int sms) {
   return fails;
 }
 
+// --lsmr-pass: LSMR's two sweeps (u' = A v - c u over CSR(A), then A^T u' over CSR(A^T), the plans jax_ops picks)
+// against the one-pass experiment of tools/lsmr_pass.cuh, checked against float64 with the outputs poisoned.
+static int LsmrPassCompare(const Csr& a, const Csr& t, int sms) {
+  const int64_t m = a.m, n = a.k;
+  Rng rng(91);
+  std::vector<float> hv(n), hu(m);
+  for (auto& x : hv) x = static_cast<float>(rng.uniform() * 2.0 - 1.0);
+  for (auto& x : hu) x = static_cast<float>(rng.uniform() * 2.0 - 1.0);
+  const float c = 0.37f;
+  std::vector<double> ub_ref = Reference(a, hv), w_ref(n, 0.0);
+  for (int64_t i = 0; i < m; ++i) ub_ref[i] -= double(c) * hu[i];
+  for (int64_t i = 0; i < m; ++i)
+    for (int32_t p = a.indptr[i]; p < a.indptr[i + 1]; ++p) w_ref[a.indices[p]] += double(a.values[p]) * ub_ref[i];
+  DevCsr da = Upload(a), dt = Upload(t);
+  float *v, *u, *ub, *w, *coef, *partial;
+  double* ss;
+  const int max_grid = 4 * sms;
+  CHECK(cudaMalloc(&v, n * 4));
+  CHECK(cudaMalloc(&u, m * 4));
+  CHECK(cudaMalloc(&ub, m * 4));
+  CHECK(cudaMalloc(&w, n * 4));
+  CHECK(cudaMalloc(&coef, 4 * 4));  // 1, -c, 0, c
+  CHECK(cudaMalloc(&partial, size_t(max_grid) * n * 4));
+  CHECK(cudaMalloc(&ss, max_grid * 8));
+  CHECK(cudaMemcpy(v, hv.data(), n * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(u, hu.data(), m * 4, cudaMemcpyHostToDevice));
+  const float hc[4] = {1.f, -c, 0.f, c};
+  CHECK(cudaMemcpy(coef, hc, 16, cudaMemcpyHostToDevice));
+  auto rel = [](const float* dev, const std::vector<double>& ref) {
+    std::vector<float> h(ref.size());
+    CHECK(cudaMemcpy(h.data(), dev, h.size() * 4, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < h.size(); ++i) {
+      if (!std::isfinite(h[i])) return double(INFINITY);
+      num += (h[i] - ref[i]) * (h[i] - ref[i]), den += ref[i] * ref[i];
+    }
+    return std::sqrt(num / std::max(den, 1e-300));
+  };
+  auto group = [](double avg) { return avg < 10 ? 1 : avg < 64 ? 4 : avg < 128 ? 8 : avg < 256 ? 16 : 32; };
+  SpmmArgs<float, float> ax;
+  ax.indptr = da.indptr, ax.indices = da.indices, ax.values = da.values, ax.b = v, ax.y = u, ax.out = ub;
+  ax.alpha = coef, ax.beta = coef + 1, ax.m = m, ax.k = n, ax.n = 1, ax.nnz = da.nnz, ax.algorithm = kVector;
+  ax.group = group(double(a.nnz()) / std::max<int64_t>(1, m));
+  SpmmArgs<float, float> atu;
+  atu.indptr = dt.indptr, atu.indices = dt.indices, atu.values = dt.values, atu.b = ub, atu.y = nullptr, atu.out = w;
+  atu.alpha = coef, atu.beta = coef + 2, atu.m = n, atu.k = m, atu.n = 1, atu.nnz = dt.nnz, atu.algorithm = kVector;
+  atu.group = group(double(t.nnz()) / std::max<int64_t>(1, n));
+  auto pair = [&] {
+    CHECK((LaunchCsrSpmm<float, float>(nullptr, ax, false, sms)));
+    CHECK((LaunchCsrSpmm<float, float>(nullptr, atu, false, sms)));
+  };
+  int fails = 0;
+  auto run = [&](const std::string& name, const std::function<void()>& launch) {
+    CHECK(cudaMemset(ub, 0xFF, m * 4));
+    CHECK(cudaMemset(w, 0xFF, n * 4));
+    launch();
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    const double eu = rel(ub, ub_ref), ew = rel(w, w_ref);
+    const bool ok = eu < 1e-5 && ew < 1e-5;
+    fails += !ok;
+    const double us = MedianUs(launch, 50);
+    std::printf("  %-40s %8.1f us  rel err u' %.1e  A^T u' %.1e  %s\n", name.c_str(), us, eu, ew, ok ? "OK" : "FAIL");
+    return us;
+  };
+  std::printf("\n== lsmr pass %s: M=%lld N=%lld nnz=%lld\n", a.name.c_str(), (long long)m, (long long)n,
+              (long long)a.nnz());
+  const double base = run("two sweeps (Ax G=" + std::to_string(ax.group) + ", ATu G=" + std::to_string(atu.group) + ")",
+                          pair);
+  using jax_ops::lsmr_pass::LaunchPass;
+  using jax_ops::lsmr_pass::PassArgs;
+  struct Variant {
+    const char* name;
+    cudaError_t (*launch)(const PassArgs&, cudaStream_t, int);
+    int threads, ctas_per_sm;
+  };
+  const Variant variants[] = {
+      {"pass G=4 v@L1 1024x1", LaunchPass<4, 8, false>, 1024, 1},
+      {"pass G=4 v@L1 512x2", LaunchPass<4, 8, false>, 512, 2},
+      {"pass G=8 v@L1 1024x1", LaunchPass<8, 8, false>, 1024, 1},
+      {"pass G=4 v@smem 1024x1", LaunchPass<4, 8, true>, 1024, 1},
+      {"pass G=8 v@smem 1024x1", LaunchPass<8, 8, true>, 1024, 1},
+      {"pass G=4 v@smem 512x2", LaunchPass<4, 8, true>, 512, 2},
+  };
+  for (const Variant& vt : variants) {
+    const bool vsmem = std::strstr(vt.name, "smem") != nullptr;
+    if (size_t(n) * 4 * (vsmem ? 2 : 1) * vt.ctas_per_sm > 220 * 1024) continue;  // does not fit
+    PassArgs pa{da.indptr, da.indices, da.values, v, u, coef + 3, ub, partial, w, ss, m, n, sms * vt.ctas_per_sm};
+    const double us = run(vt.name, [&] { CHECK(vt.launch(pa, nullptr, vt.threads)); });
+    std::printf("  %-40s %.2fx the two sweeps\n", "", base / us);
+  }
+  cudaFree(v), cudaFree(u), cudaFree(ub), cudaFree(w), cudaFree(coef), cudaFree(partial), cudaFree(ss);
+  Free(da), Free(dt);
+  return fails;
+}
+
 int main(int argc, char** argv) {
-  bool small_only = false, quick = false;
+  bool small_only = false, quick = false, lsmr_pass = false;
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--lsmr-pass")) lsmr_pass = true;
     if (!std::strcmp(argv[i], "--small")) small_only = true;
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) g_csv = std::fopen(argv[++i], "w");
@@ -841,6 +940,10 @@ int main(int argc, char** argv) {
   fails += SmallChecks<__half, float>("f16", 2e-3, sms);
   fails += SmallChecks<__nv_bfloat16, float>("bf16", 1e-2, sms);
   if (small_only) return fails ? 1 : 0;
+  if (lsmr_pass) {
+    for (const Csr& a : {Lsq(306136, 6177, 18), Lsq(936063, 23394, 21)}) fails += LsmrPassCompare(a, Transpose(a), sms);
+    return fails ? 1 : 0;
+  }
   if (g_csv) std::fprintf(g_csv, "matrix,op,plan,us,GBps,err,ok\n");
 
   {                                      // copy ceiling
