@@ -903,19 +903,19 @@ inline int Sm90BwdClusterSetting() {
 }
 
 // The default tiling with the dK/dV cluster size `setting` (Sm90BwdClusterSetting's values: -1 = the rule, 1, 2
-// or 4). A cluster variant that refuses (before launching anything: no cluster fits on this device) falls back
-// to J = 1.
+// or 4); num_sms as LaunchAttentionBwdSm90's. A cluster variant that refuses (before launching anything: no
+// cluster fits on this device) falls back to J = 1.
 template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionBwdSm90Cluster(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
-                                          const BwdPointers& bp, int setting) {
+                                          const BwdPointers& bp, int setting, int num_sms = 0) {
   constexpr int kStages = kSm90BwdDkDvStages, kDqN = kSm90BwdDqBlockN<kHeadDim>;
   constexpr bool kEarly = kSm90BwdDvEarly<kHeadDim>;
   if (p.group > 1) {
     int cluster = setting;
     if (cluster < 1 || p.group % cluster != 0) {
-      int dev = 0, sms = 0;
-      if (cudaGetDevice(&dev) != cudaSuccess ||
-          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) {
+      int sms = num_sms, dev = 0;
+      if (sms <= 0 && (cudaGetDevice(&dev) != cudaSuccess ||
+                       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)) {
         cudaGetLastError();
         sms = 132;
       }
@@ -935,12 +935,12 @@ cudaError_t LaunchAttentionBwdSm90Cluster(cudaStream_t stream, const AttentionPa
 
 template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionBwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
-                                   const BwdPointers& bp) {
-  return LaunchAttentionBwdSm90Cluster<T, kHeadDim>(stream, p, ptr, bp, Sm90BwdClusterSetting());
+                                   const BwdPointers& bp, int num_sms) {
+  return LaunchAttentionBwdSm90Cluster<T, kHeadDim>(stream, p, ptr, bp, Sm90BwdClusterSetting(), num_sms);
 }
 
 #define JAX_OPS_INSTANTIATE_ATTENTION_BWD_SM90(T, D)                                                          \
   template cudaError_t LaunchAttentionBwdSm90<T, D>(cudaStream_t, const AttentionParams&, const FwdPointers&, \
-                                                    const BwdPointers&);
+                                                    const BwdPointers&, int);
 
 }  // namespace jax_ops::attention

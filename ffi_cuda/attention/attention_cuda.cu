@@ -138,8 +138,8 @@ template <typename T>
 cudaError_t LaunchBwdForHeadDim(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                 const BwdPointers& bp, const DeviceProps& dev) {
   if (Sm90BwdSupports(p, dev.cc_major, dev.cc_minor) && !PortableForced()) {
-    const cudaError_t err = p.head_dim == 64 ? LaunchAttentionBwdSm90<T, 64>(stream, p, ptr, bp)
-                                             : LaunchAttentionBwdSm90<T, 128>(stream, p, ptr, bp);
+    const cudaError_t err = p.head_dim == 64 ? LaunchAttentionBwdSm90<T, 64>(stream, p, ptr, bp, dev.sm_count)
+                                             : LaunchAttentionBwdSm90<T, 128>(stream, p, ptr, bp, dev.sm_count);
     if (err != kSm90Refused) return err;
   }
   switch (p.head_dim) {

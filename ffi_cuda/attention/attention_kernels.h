@@ -118,9 +118,10 @@ inline int Sm90BwdDkDvCluster(const AttentionParams& p, int num_sms) {
   const int64_t ctas = (p.seqlen_k + 127) / 128 * p.num_kv_heads * p.batch;  // dK/dV CTAs at J = 1 (128 keys each)
   return uneven && p.group % 4 == 0 && ctas <= num_sms ? 4 : 2;
 }
+// num_sms: the SM count for Sm90BwdDkDvCluster (0: asked of the driver; the library passes its cached count).
 template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionBwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
-                                   const BwdPointers& bp);
+                                   const BwdPointers& bp, int num_sms = 0);
 inline bool Sm90BwdSupports(const AttentionParams& p, int cc_major, int cc_minor) {
   return cc_major == 9 && cc_minor == 0 && (p.head_dim == 64 || p.head_dim == 128) && !p.has_bias && !p.has_mask &&
          p.scale > 0.f && p.seqlen_q < (int64_t{1} << 31) && p.seqlen_k < (int64_t{1} << 31);

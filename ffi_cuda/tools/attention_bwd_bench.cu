@@ -137,7 +137,7 @@ cudaError_t LaunchVariant(int variant, const AttentionParams& p, const FwdPointe
       return LaunchAttentionBwdSm90Variant<T, D, kSm90BwdDkDvStages, kEarly, kDqN, kSm90BwdDqStages, false, kParts, 4>(
           nullptr, p, ptr, bp);
     case 9:  // what LaunchAttentionBwdSm90 runs by default (the rule)
-      if constexpr (kParts == 7) return LaunchAttentionBwdSm90Cluster<T, D>(nullptr, p, ptr, bp, -1);
+      if constexpr (kParts == 7) return LaunchAttentionBwdSm90Cluster<T, D>(nullptr, p, ptr, bp, -1, NumSms());
       return cudaErrorInvalidValue;
   }
   return cudaErrorInvalidValue;
