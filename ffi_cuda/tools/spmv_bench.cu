@@ -1065,7 +1065,6 @@ static void SlabRun(const Csr& a, const Csr& t, int sms, const Summary& ax, cons
               t.name.c_str(), (long long)t.m, (long long)t.k, (long long)t.nnz(), atu.ours, atu.cusp, ax.ours);
   SlabSummary best;
   best.name = t.name, best.ax = ax.ours, best.atu = atu.ours, best.cusp_atu = atu.cusp, best.slab_us = 1e30;
-  std::vector<Result> all;
   struct Best {
     const SlabKernel* k = nullptr;
     int cps = 0, waves = 0, pdl = 0, pf = 0;
