@@ -148,23 +148,25 @@ def test_small_fully_masked_rows():
 PORTABLE_ENV = "JAX_OPS_ATTENTION_PORTABLE"  # forces the sm_80 mma.sync forward (attention_cuda.cu)
 
 
-@pytest.mark.parametrize(
-    "shape,kw",
-    [
-        ((2, 300, 517, 4, 2, 128), dict(is_causal=True)),
-        ((1, 1, 1000, 4, 1, 64), dict()),
-        ((2, 1000, 1, 2, 2, 128), dict()),
-        ((1, 777, 777, 2, 2, 128), dict(is_causal=True, local_window_size=(100, 0))),
-        (
-            (2, 640, 640, 4, 4, 64),
-            dict(
-                is_causal=True,
-                query_seq_lengths=jnp.array([500, 640], jnp.int32),
-                key_value_seq_lengths=jnp.array([333, 17], jnp.int32),
-            ),
+# Shapes (B, T, S, N, K, D) run on both kernel paths (Hopper and portable): GQA/MQA, T = 1, S = 1, ragged tails,
+# a causal window, query and key lengths.
+BOTH_PATHS_CASES = [
+    ((2, 300, 517, 4, 2, 128), dict(is_causal=True)),
+    ((1, 1, 1000, 4, 1, 64), dict()),
+    ((2, 1000, 1, 2, 2, 128), dict()),
+    ((1, 777, 777, 2, 2, 128), dict(is_causal=True, local_window_size=(100, 0))),
+    (
+        (2, 640, 640, 4, 4, 64),
+        dict(
+            is_causal=True,
+            query_seq_lengths=jnp.array([500, 640], jnp.int32),
+            key_value_seq_lengths=jnp.array([333, 17], jnp.int32),
         ),
-    ],
-)
+    ),
+]
+
+
+@pytest.mark.parametrize("shape,kw", BOTH_PATHS_CASES)
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_small_forward_kernels_both_paths(shape, kw, dtype, monkeypatch):
     # Head dims 64/128 without bias/mask take the Hopper kernel on an H100/H200; the env var forces the portable
@@ -233,22 +235,8 @@ def test_small_split_kv_decode(dtype, monkeypatch):
 
 @pytest.mark.parametrize(
     "shape,kw",
-    [
-        ((2, 300, 517, 4, 2, 128), dict(is_causal=True)),
-        ((2, 300, 517, 4, 1, 64), dict()),
-        ((1, 1, 1000, 4, 1, 64), dict()),
-        ((2, 1000, 1, 2, 2, 128), dict()),
-        ((1, 777, 777, 2, 2, 128), dict(is_causal=True, local_window_size=(100, 0))),
-        ((1, 500, 700, 4, 2, 64), dict(local_window_size=(64, 8))),
-        (
-            (2, 640, 640, 4, 4, 64),
-            dict(
-                is_causal=True,
-                query_seq_lengths=jnp.array([500, 640], jnp.int32),
-                key_value_seq_lengths=jnp.array([333, 17], jnp.int32),
-            ),
-        ),
-    ],
+    BOTH_PATHS_CASES
+    + [((2, 300, 517, 4, 1, 64), dict()), ((1, 500, 700, 4, 2, 64), dict(local_window_size=(64, 8)))],
 )
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_small_backward_kernels_both_paths(shape, kw, dtype, monkeypatch):

@@ -229,14 +229,8 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
   LoadTile<Tr>(sDo, static_cast<const T*>(bp.d_o) + p.QOffset(b, t0, n), p.q_row_stride, kB, q_valid);
   CpAsyncCommit();
 
-  const int64_t last_row = Min64(t0 + kB, Min64(q_len, p.seqlen_q)) - 1;
-  int64_t key_lo = 0, key_hi = 0;
-  if (last_row >= t0) {
-    key_lo = AllowedKeys(p, t0, q_len, kv_len).lo;
-    key_hi = AllowedKeys(p, last_row, q_len, kv_len).hi;
-  }
-  const int tile_lo = key_hi > key_lo ? static_cast<int>(key_lo / kB) : 0;
-  const int tile_hi = key_hi > key_lo ? static_cast<int>((key_hi + kB - 1) / kB) : 0;
+  const TileRange tiles = KeyTiles(BlockKeys(p, t0, kB, q_len, kv_len).any, kB);
+  const int tile_lo = tiles.lo, tile_hi = tiles.hi;
 
   CpAsyncWait<0>();
   __syncthreads();
@@ -337,10 +331,9 @@ cudaError_t LaunchAttentionBwd(cudaStream_t stream, const AttentionParams& p, co
                                const BwdPointers& bp) {
   using Tr = BwdTraits<kHeadDim>;
   if (p.batch == 0 || p.num_heads == 0) return cudaSuccess;
-  static const cudaError_t attr_dkdv =
-      cudaFuncSetAttribute(DkDvKernel<T, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
-  static const cudaError_t attr_dq =
-      cudaFuncSetAttribute(DqKernel<T, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  const cudaError_t attr_dkdv =
+      SetDynamicSmemOnce(reinterpret_cast<const void*>(&DkDvKernel<T, kHeadDim>), Tr::kSmemBytes);
+  const cudaError_t attr_dq = SetDynamicSmemOnce(reinterpret_cast<const void*>(&DqKernel<T, kHeadDim>), Tr::kSmemBytes);
   if (attr_dkdv != cudaSuccess) return attr_dkdv;
   if (attr_dq != cudaSuccess) return attr_dq;
   const int64_t kv_blocks = (p.seqlen_k + Tr::kBlock - 1) / Tr::kBlock;

@@ -33,6 +33,7 @@
 #include "attention/attention_kernels.h"
 #include "attention/attention_mma.cuh"
 #include "attention/attention_sm90.cuh"
+#include "common/cuda_helpers.h"
 
 namespace jax_ops::attention {
 namespace sm90 {
@@ -423,15 +424,8 @@ __global__ void __launch_bounds__(384, 1)
   const int wg = threadIdx.x / 128;
 
   const auto [q_len, kv_len] = SeqLensOf(p, ptr, b);
-  const int64_t last_row = Min64(m0 + kBM, q_len) - 1;
-  int64_t key_lo = 0, key_hi = 0;
-  if (last_row >= m0) {
-    key_lo = AllowedKeys(p, m0, q_len, kv_len).lo;
-    key_hi = AllowedKeys(p, last_row, q_len, kv_len).hi;
-  }
-  const int tile_lo = key_hi > key_lo ? static_cast<int>(key_lo / kBN) : 0;
-  const int tile_hi = key_hi > key_lo ? static_cast<int>((key_hi + kBN - 1) / kBN) : 0;
-  const int num_tiles = tile_hi - tile_lo;
+  const TileRange tiles = KeyTiles(BlockKeys(p, m0, kBM, q_len, kv_len).any, kBN);
+  const int tile_lo = tiles.lo, num_tiles = tiles.hi - tiles.lo;
 
   if (threadIdx.x == 0) {
     MbarInit(q_full, 1);
@@ -642,14 +636,13 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   // Empty sequences (tensor maps need nonzero extents) and absurd loop counts go to the portable kernel.
   const int64_t q_tiles = (p.seqlen_q + DkDv::kBlockM - 1) / DkDv::kBlockM;
   if (p.seqlen_q == 0 || p.seqlen_k == 0 || q_tiles * p.group >= (int64_t{1} << 31)) return kSm90Refused;
-  static const cudaError_t attr_status = [] {
-    cudaError_t e = cudaFuncSetAttribute(sm90::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, DkDv::kSmemBytes);
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(sm90::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, Dq::kSmemBytes);
-    return e;
-  }();
+  cudaError_t attr_status = SetDynamicSmemOnce(
+      reinterpret_cast<const void*>(&sm90::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong>),
+      DkDv::kSmemBytes);
+  if (attr_status == cudaSuccess)
+    attr_status = SetDynamicSmemOnce(
+        reinterpret_cast<const void*>(&sm90::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>),
+        Dq::kSmemBytes);
   if (attr_status != cudaSuccess) return attr_status;
   // A build without sm_90a machine code would run the empty (non-sm90a) bodies: refuse instead of returning garbage.
   static const bool sm90_code = [] {

@@ -56,19 +56,8 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 2)
 
   const auto [q_len, kv_len] = SeqLensOf(p, ptr, b);
 
-  // Key range of the whole block: lo/hi are monotone in t, so the first and last live rows bound it.
-  const int64_t last_row = Min64(m0 + kBM, Min64(q_len, p.seqlen_q)) - 1;
-  int64_t key_lo = 0, key_hi = 0;
-  if (last_row >= m0) {
-    key_lo = AllowedKeys(p, m0, q_len, kv_len).lo;
-    key_hi = AllowedKeys(p, last_row, q_len, kv_len).hi;
-  }
-  // Keys every row of the block may see (tiles inside need no per-element position test).
-  KeyRange inner{0, 0};
-  if (last_row == m0 + kBM - 1) {
-    inner.lo = AllowedKeys(p, last_row, q_len, kv_len).lo;
-    inner.hi = AllowedKeys(p, m0, q_len, kv_len).hi;
-  }
+  const BlockKeyRanges block_keys = BlockKeys(p, m0, kBM, q_len, kv_len);
+  const KeyRange inner = block_keys.all;  // tiles inside need no per-element position test
 
   const T* q = static_cast<const T*>(ptr.q) + p.QOffset(b, m0, n);
   const T* k = static_cast<const T*>(ptr.k) + p.KOffset(b, 0, kh);
@@ -83,8 +72,8 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 2)
   for (int i = 0; i < 2; ++i)
     row_keys[i] = rows[i] < p.seqlen_q ? AllowedKeys(p, rows[i], q_len, kv_len) : KeyRange{0, 0};
 
-  const int tile_lo = key_hi > key_lo ? static_cast<int>(key_lo / kBN) : 0;
-  const int tile_hi = key_hi > key_lo ? static_cast<int>((key_hi + kBN - 1) / kBN) : 0;
+  const TileRange tiles = KeyTiles(block_keys.any, kBN);
+  const int tile_lo = tiles.lo, tile_hi = tiles.hi;
 
   float acc_o[kDT][4];
 #pragma unroll
@@ -244,8 +233,8 @@ template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionFwd(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr) {
   using Tr = FwdTraits<kHeadDim>;
   if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
-  static const cudaError_t attr_status = cudaFuncSetAttribute(
-      AttentionFwdKernel<T, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  const cudaError_t attr_status =
+      SetDynamicSmemOnce(reinterpret_cast<const void*>(&AttentionFwdKernel<T, kHeadDim>), Tr::kSmemBytes);
   if (attr_status != cudaSuccess) return attr_status;
   const int64_t m_blocks = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   if (m_blocks > 0x7fffffff || p.num_heads > 65535 || p.batch > 65535) return cudaErrorInvalidConfiguration;

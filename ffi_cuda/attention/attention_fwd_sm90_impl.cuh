@@ -25,6 +25,7 @@
 #include "attention/attention_kernels.h"
 #include "attention/attention_mma.cuh"
 #include "attention/attention_sm90.cuh"
+#include "common/cuda_helpers.h"
 
 namespace jax_ops::attention {
 namespace sm90 {
@@ -81,20 +82,10 @@ __global__ void __launch_bounds__(384, 1)
   const int wg = threadIdx.x / 128;
 
   const auto [q_len, kv_len] = SeqLensOf(p, ptr, b);
-  const int64_t last_row = Min64(m0 + kBM, Min64(q_len, p.seqlen_q)) - 1;
-  int64_t key_lo = 0, key_hi = 0;
-  if (last_row >= m0) {
-    key_lo = AllowedKeys(p, m0, q_len, kv_len).lo;
-    key_hi = AllowedKeys(p, last_row, q_len, kv_len).hi;
-  }
-  KeyRange inner{0, 0};
-  if (last_row == m0 + kBM - 1) {
-    inner.lo = AllowedKeys(p, last_row, q_len, kv_len).lo;
-    inner.hi = AllowedKeys(p, m0, q_len, kv_len).hi;
-  }
-  const int tile_lo = key_hi > key_lo ? static_cast<int>(key_lo / kBN) : 0;
-  const int tile_hi = key_hi > key_lo ? static_cast<int>((key_hi + kBN - 1) / kBN) : 0;
-  const int num_tiles = tile_hi - tile_lo;
+  const BlockKeyRanges block_keys = BlockKeys(p, m0, kBM, q_len, kv_len);
+  const KeyRange inner = block_keys.all;
+  const TileRange tiles = KeyTiles(block_keys.any, kBN);
+  const int tile_lo = tiles.lo, num_tiles = tiles.hi - tiles.lo;
 
   if (threadIdx.x == 0) {
     MbarInit(q_full, 1);
@@ -340,9 +331,9 @@ template <typename T, int kHeadDim, int kStages, int kDiag, int kBlockN>
 cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr) {
   using Tr = sm90::FwdTraits<kHeadDim, kStages, kBlockN>;
   if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
-  static const cudaError_t attr_status =
-      cudaFuncSetAttribute(sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag, kBlockN>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes);
+  const cudaError_t attr_status = SetDynamicSmemOnce(
+      reinterpret_cast<const void*>(&sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag, kBlockN>),
+      Tr::kSmemBytes);
   if (attr_status != cudaSuccess) return attr_status;
   // A build without sm_90a machine code would run the empty (non-sm90a) body: refuse instead of returning garbage.
   static const int binary_version = [] {

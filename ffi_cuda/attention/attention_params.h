@@ -123,6 +123,31 @@ JAX_OPS_ATTN_HD inline KeyRange AllowedKeys(const AttentionParams& p, int64_t t,
   return {lo, hi};
 }
 
+// The keys of the query block [m0, m0 + rows): `any` = keys some row may see (AllowedKeys' lo and hi are
+// nondecreasing in t, so the block's first and last live rows bound the union; empty when no row is live) and
+// `all` = keys every row may see (empty unless every row is live). Tiles inside `all` skip the position test.
+struct BlockKeyRanges {
+  KeyRange any, all;
+};
+JAX_OPS_ATTN_HD inline BlockKeyRanges BlockKeys(const AttentionParams& p, int64_t m0, int64_t rows, int64_t q_len,
+                                                int64_t kv_len) {
+  const int64_t live_end = q_len < p.seqlen_q ? q_len : p.seqlen_q;
+  const int64_t last = (m0 + rows < live_end ? m0 + rows : live_end) - 1;
+  BlockKeyRanges r{{0, 0}, {0, 0}};
+  if (last >= m0) r.any = {AllowedKeys(p, m0, q_len, kv_len).lo, AllowedKeys(p, last, q_len, kv_len).hi};
+  if (last == m0 + rows - 1) r.all = {AllowedKeys(p, last, q_len, kv_len).lo, AllowedKeys(p, m0, q_len, kv_len).hi};
+  return r;
+}
+
+// The tiles [lo, hi) of `block` keys that cover `keys` (none for an empty range).
+struct TileRange {
+  int lo, hi;
+};
+JAX_OPS_ATTN_HD inline TileRange KeyTiles(KeyRange keys, int64_t block) {
+  if (keys.hi <= keys.lo) return {0, 0};
+  return {static_cast<int>(keys.lo / block), static_cast<int>((keys.hi + block - 1) / block)};
+}
+
 namespace detail {
 
 template <size_t R>

@@ -4,7 +4,10 @@
 
 #include <cuda_runtime.h>
 
+#include <mutex>
+#include <set>
 #include <string>
+#include <utility>
 
 #include "common/ffi_helpers.h"
 
@@ -36,5 +39,24 @@ struct DeviceProps {
 
 // Properties of the current device, read once per device (thread-safe).
 ffi::ErrorOr<const DeviceProps*> CurrentDeviceProps();
+
+// Opts `kernel` into `bytes` of dynamic shared memory on the current device, once per (device, kernel, bytes).
+// The attribute belongs to the device's context: a process that drives several GPUs (one JAX process per host)
+// must set it on each, so a process-wide "once" would fail the launches on every device but the first.
+// Thread-safe; inline (function-local statics are shared across translation units) so the standalone tools in
+// ffi_cuda/tools link without the CUDA module.
+inline cudaError_t SetDynamicSmemOnce(const void* kernel, int bytes) {
+  static std::mutex mu;
+  static std::set<std::pair<std::pair<int, const void*>, int>> done;
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(std::make_pair(device, kernel), bytes);
+  if (done.count(key)) return cudaSuccess;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess) done.insert(key);
+  return err;
+}
 
 }  // namespace jax_ops

@@ -16,40 +16,11 @@
 
 #include "attention/attention_fwd_impl.cuh"
 #include "attention/attention_fwd_sm90_impl.cuh"
+#include "tools/attention_bench_case.h"
 #include "tools/bench_check.h"
 
 using namespace jax_ops::attention;
 using T = __nv_bfloat16;
-
-struct Case {
-  int B, T, S, H, K, D;
-  bool causal;
-  int64_t wl = -1, wr = -1;
-  int q_len = -1, kv_len = -1;  // >= 0: seq lengths for every batch
-};
-
-AttentionParams MakeParams(const Case& c) {
-  AttentionParams p;
-  p.batch = c.B;
-  p.seqlen_q = c.T;
-  p.seqlen_k = c.S;
-  p.num_heads = c.H;
-  p.num_kv_heads = c.K;
-  p.group = c.H / c.K;
-  p.head_dim = c.D;
-  p.q_row_stride = int64_t{c.H} * c.D;
-  p.q_batch_stride = c.T * p.q_row_stride;
-  p.k_row_stride = int64_t{c.K} * c.D;
-  p.k_batch_stride = c.S * p.k_row_stride;
-  p.scale = 1.f / std::sqrt(static_cast<float>(c.D));
-  p.is_causal = c.causal;
-  p.window_left = c.wl;
-  p.window_right = c.wr;
-  p.has_q_seqlen = c.q_len >= 0;
-  p.has_kv_seqlen = c.kv_len >= 0;
-  p.dtype = xla::ffi::DataType::BF16;
-  return p;
-}
 
 int g_stages = 2;  // Hopper kernel pipeline depth under test
 int g_diag = 0;    // Hopper timing experiment (kDiag of attention_fwd_sm90_impl.cuh), with 3 stages
@@ -136,7 +107,7 @@ FwdPointers Ptrs(const Buffers& b) {
 
 // Runs the kernel with poisoned outputs; compares sampled rows with an fp32 CPU reference.
 bool Check(const Case& c, bool hopper) {
-  AttentionParams p = MakeParams(c);
+  AttentionParams p = MakeParams<T>(c);
   Buffers b = Alloc(c, 1234 + c.T);
   const size_t nq = size_t{1} * c.B * c.T * c.H * c.D;
   CHECK(cudaMemset(b.o, 0xff, nq * 2));  // NaN poison
@@ -202,7 +173,7 @@ bool Check(const Case& c, bool hopper) {
 }
 
 double TimeMs(const Case& c, bool hopper) {
-  AttentionParams p = MakeParams(c);
+  AttentionParams p = MakeParams<T>(c);
   Buffers b = Alloc(c, 99, /*host_copy=*/false);
   const FwdPointers ptr = Ptrs(b);
   cudaEvent_t e0, e1;
