@@ -7,12 +7,14 @@
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -cudart static \
 //     -I ffi_cuda -isystem $(python3 -c "import jax.ffi as f; print(f.include_dir())") -isystem $CU/include \
 //     ffi_cuda/tools/spmv_bench.cu -o spmv_bench -L $CU/lib -l:libcusparse.so.12
-// (the column-slab experiment build of 2026-11-29 is /work/main/.devbin/spmv_bench_slab, same line)
+// (the column-slab experiment build of 2026-11-29 was /work/main/.devbin/spmv_bench_slab; the library-kernel
+// build is /work/main/.devbin/c3/spmv_bench, same line)
 // Usage: spmv_bench [--small] [--quick] [--slab] [--csv FILE]
 //   --small: only the small every-path correctness checks (all dtypes, N = 1 and SpMM, the slab kernels' ragged
 //            cases), e.g. under compute-sanitizer; --quick: no parameter sweeps, only the dispatched plan and
-//            cuSPARSE; --slab: --quick on the matrices the column-slab experiment (tools/slab_spmv.cuh) runs on
-//            (Aᵀu where its shape predicate says yes, plus bundle-adjustment), with the slab sweep and its table.
+//            cuSPARSE; --slab: the slab kernels' ragged checks, then the two LSQ matrices (slab predicate: yes) and
+//            bundle-adjustment (predicate: no) only, Ax/Aᵀu by the dispatched plan and cuSPARSE and Aᵀu by the
+//            library's column-slab kernels (sparse/slab_spmv_kernels_impl.cuh) in the library's config (< 60 s).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cusparse.h>
@@ -27,9 +29,10 @@
 #include <string>
 #include <vector>
 
+#include "sparse/slab_spmv_kernels_impl.cuh"
 #include "sparse/spmm_kernels_impl.cuh"
 #include "tools/bench_check.h"
-#include "tools/slab_spmv.cuh"
+#include "tools/slab_host.h"
 
 using namespace jax_ops::sparse;
 
@@ -827,101 +830,52 @@ static int SmallChecks(const char* dname, double tol, int sms) {
   return fails;
 }
 
-// ------------------------------------------------------------------- column-slab Aᵀu experiment (slab_spmv.cuh)
-namespace slab = jax_ops::sparse::slab;
+// ------------------------------------------------- column-slab Aᵀu (library kernels, sparse/slab_spmv_*)
+namespace sh = jax_ops::sparse::slab_host;
 
-struct SlabKernel {
-  int g, s, threads, cps;  // lanes per row, loads in flight, threads per CTA, CTAs per SM (sets the slab width)
-  cudaError_t (*fn)(cudaStream_t, const slab::SlabArgs&, bool, int);
-  const void* kernel;  // pass 1, for cudaFuncGetAttributes / occupancy
-};
-
-template <int kThreads, int kCps>
-static void AddSlabKernels(std::vector<SlabKernel>& v) {
-  v.push_back({4, 2, kThreads, kCps, &slab::LaunchSlabSpmv<4, 2, kThreads, kCps>,
-               reinterpret_cast<const void*>(&slab::SlabSpmvKernel<4, 2, kThreads, kCps>)});
-  v.push_back({4, 4, kThreads, kCps, &slab::LaunchSlabSpmv<4, 4, kThreads, kCps>,
-               reinterpret_cast<const void*>(&slab::SlabSpmvKernel<4, 4, kThreads, kCps>)});
-  v.push_back({8, 2, kThreads, kCps, &slab::LaunchSlabSpmv<8, 2, kThreads, kCps>,
-               reinterpret_cast<const void*>(&slab::SlabSpmvKernel<8, 2, kThreads, kCps>)});
-  v.push_back({8, 4, kThreads, kCps, &slab::LaunchSlabSpmv<8, 4, kThreads, kCps>,
-               reinterpret_cast<const void*>(&slab::SlabSpmvKernel<8, 4, kThreads, kCps>)});
-  v.push_back({16, 2, kThreads, kCps, &slab::LaunchSlabSpmv<16, 2, kThreads, kCps>,
-               reinterpret_cast<const void*>(&slab::SlabSpmvKernel<16, 2, kThreads, kCps>)});
-  v.push_back({16, 4, kThreads, kCps, &slab::LaunchSlabSpmv<16, 4, kThreads, kCps>,
-               reinterpret_cast<const void*>(&slab::SlabSpmvKernel<16, 4, kThreads, kCps>)});
-  v.push_back({32, 2, kThreads, kCps, &slab::LaunchSlabSpmv<32, 2, kThreads, kCps>,
-               reinterpret_cast<const void*>(&slab::SlabSpmvKernel<32, 2, kThreads, kCps>)});
-  v.push_back({32, 4, kThreads, kCps, &slab::LaunchSlabSpmv<32, 4, kThreads, kCps>,
-               reinterpret_cast<const void*>(&slab::SlabSpmvKernel<32, 4, kThreads, kCps>)});
-}
-
-static const std::vector<SlabKernel>& SlabKernels() {
-  static const std::vector<SlabKernel> v = [] {
-    std::vector<SlabKernel> k;
-    AddSlabKernels<1024, 1>(k);
-    AddSlabKernels<512, 2>(k);
-    AddSlabKernels<384, 3>(k);
-    return k;
-  }();
-  return v;
-}
-
-// Slab width (floats) that lets `cps` CTAs share an SM's shared memory.
-static int64_t SlabWidthMax(int cps) {
-  int dev = 0, per_sm = 0, optin = 0, reserved = 0;
-  CHECK(cudaGetDevice(&dev));
-  CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-  CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
-  const int64_t bytes = std::min<int64_t>(optin, per_sm / cps - reserved);
-  return (bytes / 4) & ~int64_t{3};
-}
-
-// Entries each CTA prefetches into L2 while it stages u[slab]: at most W, and ~12 MB over one wave of CTAs
-// (about what DRAM delivers while the wave's ~30 MB of staging comes out of L2).
-static int32_t SlabPrefetch(int64_t w, int64_t ctas_per_wave) {
-  return static_cast<int32_t>(
-      std::max<int64_t>(0, std::min<int64_t>(w, 2000000 / std::max<int64_t>(1, ctas_per_wave))));
-}
-
-// The slab format of one matrix on the device, with its work list.
+// The slab format of one matrix on the device, with its work list and the library's launch arguments.
 struct DevSlabs {
-  slab::SlabHost h;
+  sh::SlabHost h;
   int32_t *ptr = nullptr, *work = nullptr;
   uint16_t* col = nullptr;
   float *val = nullptr, *part = nullptr;
-  int32_t items = 0;
-  void Upload(slab::SlabHost host) {
+  int64_t items = 0;
+  void Upload(sh::SlabHost host) {
     h = std::move(host);
     CHECK(cudaMalloc(&ptr, h.ptr.size() * 4));
     CHECK(cudaMalloc(&col, std::max<int64_t>(1, h.nnz) * 2));
     CHECK(cudaMalloc(&val, std::max<int64_t>(1, h.nnz) * 4));
-    CHECK(cudaMalloc(&part, std::max<int64_t>(1, int64_t{h.j} * h.rows) * 4));
+    CHECK(cudaMalloc(&part, std::max<int64_t>(1, h.j * h.rows) * 4));
     CHECK(cudaMemcpy(ptr, h.ptr.data(), h.ptr.size() * 4, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(col, h.col.data(), h.nnz * 2, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(val, h.val.data(), h.nnz * 4, cudaMemcpyHostToDevice));
   }
   void SetWork(int64_t items_target) {
     cudaFree(work);
-    const std::vector<int32_t> w = slab::SlabWork(h, items_target);
-    items = static_cast<int32_t>(w.size() / 3);
+    const std::vector<int32_t> w = sh::SlabWork(h, items_target);
+    items = static_cast<int64_t>(w.size() / 3);
     CHECK(cudaMalloc(&work, std::max<size_t>(1, w.size()) * 4));
     if (!w.empty()) CHECK(cudaMemcpy(work, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
   }
-  slab::SlabArgs Args(const float* u, const float* alpha, const float* beta, const float* y, float* out) const {
-    slab::SlabArgs a;
-    a.ptr = ptr, a.col = col, a.val = val, a.u = u, a.work = work, a.part = part;
+  double PerSlabRow() const { return h.rows ? double(h.nnz) / double(h.j * h.rows) : 0.0; }
+  // Launch arguments as the FFI handler fills them (prefetch: SlabPrefetchNnz, or `prefetch` when >= 0).
+  SlabArgs<float, float> Args(const float* u, const float* alpha, const float* beta, const float* y, float* out,
+                              int group, int sms, int32_t prefetch = -1) const {
+    SlabArgs<float, float> a;
+    a.ptr = ptr, a.col = col, a.val = val, a.work = work, a.u = u, a.part = part;
     a.alpha = alpha, a.beta = beta, a.y = y, a.out = out;
-    a.rows = h.rows, a.cols = h.cols, a.nnz = h.nnz, a.w = h.w, a.j = h.j, a.items = items;
+    a.n = h.rows, a.m = h.cols, a.nnz = h.nnz, a.w = h.w, a.j = h.j, a.items = items, a.group = group;
+    a.prefetch_nnz = prefetch >= 0 ? prefetch : SlabPrefetchNnz(h.w, sms);
     return a;
   }
-  void Poison() const { CHECK(cudaMemset(part, 0xFF, std::max<int64_t>(1, int64_t{h.j} * h.rows) * 4)); }
+  void Poison() const { CHECK(cudaMemset(part, 0xFF, std::max<int64_t>(1, h.j * h.rows) * 4)); }
   ~DevSlabs() { cudaFree(ptr), cudaFree(col), cudaFree(val), cudaFree(part), cudaFree(work); }
 };
 
-// Ragged cases against a float64 reference, outputs and partials poisoned (NaN) first; every kernel variant,
-// two grid sizes, with and without PDL, with and without the beta * y term. Returns the number of failures.
+static constexpr int64_t kSlabWidthMax = sh::kSlabSmemBytes / 4;  // f32
+
+// Ragged cases against a float64 reference, outputs and partials poisoned (NaN) first; every G of the library
+// kernel, two work-list sizes, prefetch off / clamped, with and without the beta * y term. Returns the failures.
 static int SlabSmallChecks(int sms) {
   struct SmallCase {
     std::string name;
@@ -941,7 +895,7 @@ static int SlabSmallChecks(int sms) {
     for (int i = 0; i < 6; ++i) a.indices[rng.below(a.nnz())] = (i & 1) ? -3 : 37 + 7;
     cases.push_back({"ragged J=6", a, 1000, false});
     cases.push_back({"ragged J=6 u misaligned", a, 1000, true});
-    cases.push_back({"ragged J=1", a, 58112, false});
+    cases.push_back({"ragged J=1", a, kSlabWidthMax, false});
   }
   {  // n = 1: Aᵀ is one row; every third row of A empty; W = 100, J = 8, last slab 77 wide
     Rng rng(12);
@@ -981,42 +935,38 @@ static int SlabSmallChecks(int sms) {
     CHECK(cudaMemcpy(y, hy.data(), a.k * 4, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(al, &alpha, 4, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(be, &beta, 4, cudaMemcpyHostToDevice));
-    for (int cps = 1; cps <= 3; ++cps) {
-      DevSlabs ds;
-      ds.Upload(slab::BuildSlabsFromA(a.m, a.k, a.indptr.data(), a.indices.data(), a.values.data(), a.nnz(),
-                                      std::min(sc.w_max, SlabWidthMax(cps))));
-      for (int64_t items : {int64_t{1}, int64_t{sms} * cps}) {
-        ds.SetWork(items);
-        for (const SlabKernel& k : SlabKernels()) {
-          if (k.cps != cps) continue;
-          for (int pdl = 0; pdl < 2; ++pdl)
-            for (int with_y = 0; with_y < 2; ++with_y) {
-              ds.Poison();
-              CHECK(cudaMemset(out, 0xFF, std::max<int64_t>(1, a.k) * 4));
-              slab::SlabArgs args = ds.Args(u, al, be, with_y ? y : nullptr, out);
-              args.prefetch_nnz = pdl ? 37 : 0;  // a count that is not a multiple of a line, clamped to the range
-              CHECK(k.fn(nullptr, args, pdl, sms));
-              CHECK(cudaDeviceSynchronize());
-              std::vector<float> ho(a.k);
-              CHECK(cudaMemcpy(ho.data(), out, a.k * 4, cudaMemcpyDeviceToHost));
-              double num = 0, den = 0;
-              bool finite = true;
-              for (int64_t r = 0; r < a.k; ++r) {
-                const double ref = alpha * prod[r] + (with_y ? double(beta) * hy[r] : 0.0);
-                finite &= std::isfinite(ho[r]);
-                num += (ho[r] - ref) * (ho[r] - ref), den += ref * ref;
-              }
-              const double err = std::sqrt(num / std::max(den, 1e-300));
-              ++runs;
-              if (!finite || err > 1e-5) {
-                ++fails;
-                std::printf(
-                    "  SLAB SMALL FAIL %s (J=%d W=%d items=%d) G=%d S=%d thr=%d pdl=%d y=%d: err %.2e finite %d\n",
-                    sc.name.c_str(), ds.h.j, ds.h.w, ds.items, k.g, k.s, k.threads, pdl, with_y, err, int(finite));
-              }
+    DevSlabs ds;
+    ds.Upload(sh::BuildSlabsFromA(a.m, a.k, a.indptr.data(), a.indices.data(), a.values.data(), a.nnz(),
+                                  std::min(sc.w_max, kSlabWidthMax)));
+    for (int64_t items : {int64_t{1}, int64_t{sms} * kSlabCtasPerSm}) {
+      ds.SetWork(items);
+      for (int g : {4, 8, 16, 32})
+        for (int pf = 0; pf < 2; ++pf)
+          for (int with_y = 0; with_y < 2; ++with_y) {
+            ds.Poison();
+            CHECK(cudaMemset(out, 0xFF, std::max<int64_t>(1, a.k) * 4));
+            // prefetch: off, or a count that is not a multiple of a line (clamped to the range)
+            const SlabArgs<float, float> args = ds.Args(u, al, be, with_y ? y : nullptr, out, g, sms, pf ? 37 : 0);
+            CHECK((LaunchSlabSpmv<float, float>(nullptr, args, sms)));
+            CHECK(cudaDeviceSynchronize());
+            std::vector<float> ho(a.k);
+            CHECK(cudaMemcpy(ho.data(), out, a.k * 4, cudaMemcpyDeviceToHost));
+            double num = 0, den = 0;
+            bool finite = true;
+            for (int64_t r = 0; r < a.k; ++r) {
+              const double ref = alpha * prod[r] + (with_y ? double(beta) * hy[r] : 0.0);
+              finite &= std::isfinite(ho[r]);
+              num += (ho[r] - ref) * (ho[r] - ref), den += ref * ref;
             }
-        }
-      }
+            const double err = std::sqrt(num / std::max(den, 1e-300));
+            ++runs;
+            if (!finite || err > 1e-5) {
+              ++fails;
+              std::printf("  SLAB SMALL FAIL %s (J=%lld W=%lld items=%lld) G=%d pf=%d y=%d: err %.2e finite %d\n",
+                          sc.name.c_str(), (long long)ds.h.j, (long long)ds.h.w, (long long)ds.items, g, pf, with_y,
+                          err, int(finite));
+            }
+          }
     }
     cudaFree(u_buf), cudaFree(y), cudaFree(out), cudaFree(al), cudaFree(be);
   }
@@ -1026,23 +976,12 @@ static int SlabSmallChecks(int sms) {
 
 struct SlabSummary {
   std::string name, plan;
-  double ax = 0, atu = 0, cusp_atu = 0, slab_us = 0, model_us = 0, model_csr_us = 0;
-  bool use = false;
+  double ax = 0, atu = 0, cusp_atu = 0, slab_us = 0;
 };
 static std::vector<SlabSummary> g_slab;
 
-static void PrintSlabModel(const std::string& name, const char* op, int64_t rows, int64_t cols, int64_t nnz, int sms) {
-  for (int cps : {1, 2}) {
-    const slab::SlabModel m = slab::ModelSlabs(rows, cols, nnz, SlabWidthMax(cps), int64_t{sms} * cps);
-    std::printf(
-        "  slab model %-20s %-3s cps=%d: J=%d W=%d nnz/(rows*J)=%.2f  bytes slab %.1f MB (+%.1f MB staged from L2) vs "
-        "CSR %.1f MB; model %.1f us vs CSR %.1f us -> %s\n",
-        name.c_str(), op, cps, m.j, m.w, m.per_slab_row, m.bytes_slab / 1e6, m.bytes_staged / 1e6, m.bytes_csr / 1e6,
-        m.us_slab, m.us_csr, m.use ? "USE slabs" : "no");
-  }
-}
-
-// Every slab variant on Aᵀu of `a` (CSR(A) m x n); `ax`/`atu` are the RunCase summaries of A x and Aᵀ u.
+// Aᵀu of `a` (CSR(A) m x n) through the library's slab kernels with the library's config: the rule's G, one wave
+// of work items (SMs * 2), prefetch on; then once more with the epilogue. `ax`/`atu`: RunCase summaries.
 static void SlabRun(const Csr& a, const Csr& t, int sms, const Summary& ax, const Summary& atu) {
   Case c;
   c.host = &t;
@@ -1061,60 +1000,24 @@ static void SlabRun(const Csr& a, const Csr& t, int sms, const Summary& ax, cons
   const float one = 1.0f, zero = 0.0f;
   CHECK(cudaMemcpy(c.alpha, &one, 4, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(c.beta, &zero, 4, cudaMemcpyHostToDevice));
-  std::printf("\n== %s  ATu column slabs: rows %lld, u %lld, nnz %lld (ours %.1f us, cuSPARSE %.1f us, Ax %.1f us)\n",
-              t.name.c_str(), (long long)t.m, (long long)t.k, (long long)t.nnz(), atu.ours, atu.cusp, ax.ours);
-  SlabSummary best;
-  best.name = t.name, best.ax = ax.ours, best.atu = atu.ours, best.cusp_atu = atu.cusp, best.slab_us = 1e30;
-  struct Best {
-    const SlabKernel* k = nullptr;
-    int cps = 0, waves = 0, pdl = 0, pf = 0;
-  } bk;
-  for (int cps = 1; cps <= 3; ++cps) {
-    const int64_t w_max = SlabWidthMax(cps);
-    const slab::SlabModel m = slab::ModelSlabs(t.m, t.k, t.nnz(), w_max, int64_t{sms} * cps);
-    DevSlabs ds;
-    ds.Upload(slab::BuildSlabsFromA(a.m, a.k, a.indptr.data(), a.indices.data(), a.values.data(), a.nnz(), w_max));
-    c.bytes = m.bytes_slab;
-    std::printf("  cps=%d: J=%d W=%d (%.0f KB smem), nnz/(rows*J)=%.1f, slab bytes %.1f MB, model %.1f us%s\n", cps,
-                ds.h.j, ds.h.w, ds.h.w * 4 / 1024.0, m.per_slab_row, m.bytes_slab / 1e6, m.us_slab,
-                m.use ? "" : " (predicate: no)");
-    if (cps == 2) best.model_us = m.us_slab, best.model_csr_us = m.us_csr, best.use = m.use;
-    for (int waves : {1, 2, 4}) {
-      ds.SetWork(int64_t{sms} * cps * waves);
-      for (const SlabKernel& k : SlabKernels()) {
-        if (k.cps != cps) continue;
-        if (waves == 1) {
-          int optin = 0, occ = 0;
-          cudaFuncAttributes fa;
-          CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-          CHECK(cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-          CHECK(cudaFuncSetAttribute(k.kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     cudaSharedmemCarveoutMaxShared));
-          CHECK(cudaFuncGetAttributes(&fa, k.kernel));
-          CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, k.kernel, k.threads, size_t(ds.h.w) * 4));
-          std::printf("  kernel G=%d S=%d thr=%d: %d regs, %zu B local, %d CTAs/SM at W=%d%s\n", k.g, k.s, k.threads,
-                      fa.numRegs, fa.localSizeBytes, occ, ds.h.w, occ < cps ? "  (fewer than cps!)" : "");
-        }
-        for (int pdl = 0; pdl < 2; ++pdl)
-          for (int pf = 0; pf < 2; ++pf) {
-            slab::SlabArgs args = ds.Args(u, c.alpha, c.beta, nullptr, c.y);
-            args.prefetch_nnz = pf ? SlabPrefetch(ds.h.w, int64_t{sms} * cps) : 0;
-            char name[160];
-            std::snprintf(name, sizeof name, "slab cps=%d J=%d waves=%d (%d CTAs) G=%d S=%d thr=%d%s%s", cps, ds.h.j,
-                          waves, ds.items, k.g, k.s, k.threads, pdl ? " pdl" : "", pf ? " pf" : "");
-            ds.Poison();
-            Result r = Measure(c, name, [&] { CHECK(k.fn(nullptr, args, pdl, sms)); });
-            Print(c, "ATu", r, atu.cusp);
-            if (r.ok && r.us < best.slab_us) best.slab_us = r.us, best.plan = name, bk = {&k, cps, waves, pdl, pf};
-          }
-      }
-    }
-  }
-  if (bk.k) {  // the best variant once more with the epilogue: out = 0.5 * Aᵀu - 2 * y
-    DevSlabs ds;
-    ds.Upload(slab::BuildSlabsFromA(a.m, a.k, a.indptr.data(), a.indices.data(), a.values.data(), a.nnz(),
-                                    SlabWidthMax(bk.cps)));
-    ds.SetWork(int64_t{sms} * bk.cps * bk.waves);
+  DevSlabs ds;
+  ds.Upload(sh::BuildSlabsFromA(a.m, a.k, a.indptr.data(), a.indices.data(), a.values.data(), a.nnz(), kSlabWidthMax));
+  ds.SetWork(int64_t{sms} * kSlabCtasPerSm);
+  const int g = sh::SlabGroup(ds.PerSlabRow());
+  c.bytes = double(ds.h.nnz) * 6 + double(ds.h.j * ds.h.rows + 1) * 4 + 2.0 * ds.h.j * ds.h.rows * 4 +
+            double(ds.h.cols + ds.h.rows) * 4;
+  std::printf(
+      "\n== %s  ATu column slabs: rows %lld, u %lld, nnz %lld, J=%lld W=%lld, nnz/(rows*J)=%.1f -> G=%d, "
+      "%lld CTAs (CSR(A^T) %.1f us, cuSPARSE %.1f us, Ax %.1f us)\n",
+      t.name.c_str(), (long long)t.m, (long long)t.k, (long long)t.nnz(), (long long)ds.h.j, (long long)ds.h.w,
+      ds.PerSlabRow(), g, (long long)ds.items, atu.ours, atu.cusp, ax.ours);
+  char name[160];
+  std::snprintf(name, sizeof name, "slab G=%d J=%lld (%lld CTAs) pf", g, (long long)ds.h.j, (long long)ds.items);
+  ds.Poison();
+  const SlabArgs<float, float> args = ds.Args(u, c.alpha, c.beta, nullptr, c.y, g, sms);
+  const Result r = Measure(c, name, [&] { CHECK((LaunchSlabSpmv<float, float>(nullptr, args, sms))); });
+  Print(c, "ATu", r, atu.cusp);
+  {  // the same with the epilogue: out = 0.5 * Aᵀu - 2 * y
     std::vector<float> hy(t.m);
     Rng ry(78);
     for (auto& v : hy) v = static_cast<float>(ry.uniform() * 2 - 1);
@@ -1125,25 +1028,18 @@ static void SlabRun(const Csr& a, const Csr& t, int sms, const Summary& ax, cons
     CHECK(cudaMemcpy(c.alpha, &half, 4, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(c.beta, &m2, 4, cudaMemcpyHostToDevice));
     const std::vector<double> prod = c.ref;
-    for (int64_t r = 0; r < t.m; ++r) c.ref[r] = 0.5 * prod[r] - 2.0 * hy[r];
+    for (int64_t i = 0; i < t.m; ++i) c.ref[i] = 0.5 * prod[i] - 2.0 * hy[i];
     ds.Poison();
     double err = 0;
-    const bool ok = Verify(
-        c,
-        [&] {
-          slab::SlabArgs args = ds.Args(u, c.alpha, c.beta, y, c.y);
-          args.prefetch_nnz = bk.pf ? SlabPrefetch(ds.h.w, int64_t{sms} * bk.cps) : 0;
-          CHECK(bk.k->fn(nullptr, args, bk.pdl, sms));
-        },
-        &err);
-    std::printf("  best with epilogue (0.5 ATu - 2 y): err %.1e%s\n", err, ok ? "" : "  FAIL");
+    const SlabArgs<float, float> ey = ds.Args(u, c.alpha, c.beta, y, c.y, g, sms);
+    const bool ok = Verify(c, [&] { CHECK((LaunchSlabSpmv<float, float>(nullptr, ey, sms))); }, &err);
+    std::printf("  with epilogue (0.5 ATu - 2 y): err %.1e%s\n", err, ok ? "" : "  FAIL");
     c.ref = prod;
     cudaFree(y);
   }
-  std::printf("  best slab: %.1f us (%s): x%.2f our CSR(A^T), x%.2f cuSPARSE, ATu/Ax %.2f (model %.1f us)\n",
-              best.slab_us, best.plan.c_str(), best.atu / best.slab_us, best.cusp_atu / best.slab_us,
-              best.slab_us / best.ax, best.model_us);
-  g_slab.push_back(best);
+  std::printf("  slab: %.1f us: x%.2f our CSR(A^T), x%.2f cuSPARSE, ATu/Ax %.2f\n", r.us, atu.ours / r.us,
+              atu.cusp / r.us, r.us / ax.ours);
+  g_slab.push_back({t.name, name, ax.ours, atu.ours, atu.cusp, r.ok ? r.us : NAN});
   cudaFree(u), cudaFree(c.y), cudaFree(c.alpha), cudaFree(c.beta);
 }
 
@@ -1161,10 +1057,12 @@ int main(int argc, char** argv) {
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
   int fails = 0;
-  fails += SmallChecks<float, float>("f32", 1e-5, sms);
-  fails += SmallChecks<double, double>("f64", 1e-12, sms);
-  fails += SmallChecks<__half, float>("f16", 2e-3, sms);
-  fails += SmallChecks<__nv_bfloat16, float>("bf16", 1e-2, sms);
+  if (!slab_only) {
+    fails += SmallChecks<float, float>("f32", 1e-5, sms);
+    fails += SmallChecks<double, double>("f64", 1e-12, sms);
+    fails += SmallChecks<__half, float>("f16", 2e-3, sms);
+    fails += SmallChecks<__nv_bfloat16, float>("bf16", 1e-2, sms);
+  }
   fails += SlabSmallChecks(sms);
   if (small_only) return fails ? 1 : 0;
   if (g_csv) std::fprintf(g_csv, "matrix,op,plan,us,GBps,err,ok\n");
@@ -1192,14 +1090,13 @@ int main(int argc, char** argv) {
       [] { return Lsq(936063, 23394, 21); },
       [] { return BundleAdjustment(1000000, 20000, 250000); },
   };
+  if (slab_only) gens.erase(gens.begin(), gens.begin() + 4);  // the LSQ and bundle-adjustment matrices only
   for (auto& gen : gens) {
+    // --slab: the two tall least-squares matrices (where jax_ops.sparse.slab_model says yes) and the
+    // bundle-adjustment matrix (where it says no), Ax and ATu by the dispatched plan and cuSPARSE, then ATu by
+    // the library's slab kernels. Without --slab every matrix runs and those three get the slab run too.
     const Csr a = gen();
-    // Column slabs for Aᵀu where the shape predicate says so, and on the bundle-adjustment matrix for reference;
-    // the model for Ax too (the uniform matrix's x is 8 MB).
-    PrintSlabModel(a.name, "Ax", a.m, a.k, a.nnz(), sms);
-    PrintSlabModel(a.name, "ATu", a.k, a.m, a.nnz(), sms);
-    const bool slabs =
-        slab::ModelSlabs(a.k, a.m, a.nnz(), SlabWidthMax(2), int64_t{sms} * 2).use || a.name.rfind("bundle", 0) == 0;
+    const bool slabs = a.name.rfind("lsq", 0) == 0 || a.name.rfind("bundle", 0) == 0;
     if (slab_only && !slabs) continue;
     const Csr t = Transpose(a);
     DevCsr da = Upload(a);
@@ -1224,13 +1121,13 @@ int main(int argc, char** argv) {
     std::printf("Ax geomean vs cuSPARSE default %.2f, vs best cuSPARSE %.2f\n", std::exp(lg / nax),
                 std::exp(lgb / nax));
   if (!g_slab.empty()) {
-    std::printf("\nATu by column slabs (best variant) vs CSR(A^T):\n%-22s %8s %9s %9s %9s %8s %8s %9s %9s  %s\n",
-                "matrix", "Ax us", "ATu us", "cuSP ATu", "slab us", "xATu", "xcuSP", "slab/Ax", "model us",
-                "best plan");
+    std::printf(
+        "\nATu by column slabs (library kernels, library config) vs CSR(A^T):\n%-22s %8s %9s %9s %9s %8s %8s "
+        "%9s  %s\n",
+        "matrix", "Ax us", "ATu us", "cuSP ATu", "slab us", "xATu", "xcuSP", "slab/Ax", "plan");
     for (auto& s : g_slab)
-      std::printf("%-22s %8.1f %9.1f %9.1f %9.1f %8.2f %8.2f %9.2f %9.1f  %s%s\n", s.name.c_str(), s.ax, s.atu,
-                  s.cusp_atu, s.slab_us, s.atu / s.slab_us, s.cusp_atu / s.slab_us, s.slab_us / s.ax, s.model_us,
-                  s.plan.c_str(), s.use ? "" : " (predicate: no)");
+      std::printf("%-22s %8.1f %9.1f %9.1f %9.1f %8.2f %8.2f %9.2f  %s\n", s.name.c_str(), s.ax, s.atu, s.cusp_atu,
+                  s.slab_us, s.atu / s.slab_us, s.cusp_atu / s.slab_us, s.slab_us / s.ax, s.plan.c_str());
   }
   if (g_csv) std::fclose(g_csv);
   return fails ? 1 : 0;
