@@ -257,3 +257,46 @@ def test_predicate(name, m, n, nnz, use):
 def test_predicate_group_rule():
     assert sparse.slab_group(25.5) == 4 and sparse.slab_group(81.1) == 8
     assert sparse.slab_group(3.0) == 4 and sparse.slab_group(200) == 16 and sparse.slab_group(900) == 32
+
+
+def test_native_slab_handler_revalidates():
+    # Bypass the Python checks: the C++ handler must refuse bad shapes/dtypes, not read out of bounds.
+    from jax_ops import _ffi
+
+    m, n, w = 10, 3, 4  # J = 3
+    f32 = jnp.float32
+
+    def call(
+        ptr_len=3 * n + 1, col_dtype=jnp.uint16, val_dtype=f32, work_len=3, y_len=0, width=w, group=4, ws=9
+    ):
+        out = (jax.ShapeDtypeStruct((n,), val_dtype), jax.ShapeDtypeStruct((ws,), val_dtype))
+        return jax.jit(
+            lambda: _ffi.ffi_call(
+                "jax_ops_sparse_slab_spmv",
+                out,
+                jnp.zeros(ptr_len, jnp.int32),
+                jnp.zeros(5, col_dtype),
+                jnp.zeros(5, val_dtype),
+                jnp.zeros(work_len, jnp.int32),
+                jnp.zeros(m, val_dtype),
+                jnp.ones(1, val_dtype),
+                jnp.ones(1, val_dtype),
+                jnp.zeros(y_len, val_dtype),
+                width=np.int64(width),
+                group=np.int32(group),
+            )
+        )()
+
+    call()  # valid (all-empty slabs): runs
+    for kwargs, msg in (
+        ({"ptr_len": 9}, "ptr has 9 entries; expected J\\*n \\+ 1 = 10"),
+        ({"col_dtype": jnp.int32}, "col must be a rank-1 uint16 array"),
+        ({"val_dtype": jnp.float16}, "expected f32 or f64"),
+        ({"work_len": 4}, "triples"),
+        ({"y_len": 2}, "y must be empty or have the shape of out"),
+        ({"width": 6}, "width must be a multiple of 4"),
+        ({"group": 2}, "group must be 4, 8, 16 or 32"),
+        ({"ws": 8}, "workspace must be a rank-1"),
+    ):
+        with pytest.raises(Exception, match=msg):
+            call(**kwargs)
