@@ -300,3 +300,20 @@ def test_native_slab_handler_revalidates():
     ):
         with pytest.raises(Exception, match=msg):
             call(**kwargs)
+
+
+def test_lsmr_with_slabs(width):
+    # LSMR's products (vmapped with a batch of one) take the slab path and give the same solution.
+    from jax_ops import lsmr
+
+    width(200, 4)
+    a = _from_lens(1500, 20, np.random.default_rng(9).integers(1, 6, 1500), 9)
+    b = jnp.asarray(np.random.default_rng(10).standard_normal(1500), jnp.float32)
+    slab = sparse.csr_pair(_bcsr(a, np.float32), slabs=True)
+    plain = sparse.csr_pair(_bcsr(a, np.float32), slabs=False)
+    jaxpr = str(jax.make_jaxpr(lambda p, b: lsmr(p, b, maxiter=5).x)(slab, b))
+    assert "jax_ops_sparse_slab_spmv" in jaxpr
+    xs = lsmr(slab, b, atol=1e-7, btol=1e-7).x
+    xp = lsmr(plain, b, atol=1e-7, btol=1e-7).x
+    xr = np.linalg.lstsq(a.toarray(), np.asarray(b, np.float64), rcond=None)[0]
+    assert _rel(xs, xr) < 1e-4 and _rel(xs, xp) < 1e-5
