@@ -891,7 +891,8 @@ class CSRPair:
             )
         if slabs is None:
             slabs = slab_ok and slab_model(k, m, nnz, itemsize).use
-        slabs_t = _build_slabs(indptr, indices, values, m, k) if slabs else None
+        # (an empty A has nothing to gather: slabs=True builds none)
+        slabs_t = _build_slabs(indptr, indices, values, m, k) if slabs and m > 0 and k > 0 else None
         return cls(
             indptr,
             indices,

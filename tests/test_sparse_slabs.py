@@ -317,3 +317,12 @@ def test_lsmr_with_slabs(width):
     xp = lsmr(plain, b, atol=1e-7, btol=1e-7).x
     xr = np.linalg.lstsq(a.toarray(), np.asarray(b, np.float64), rcond=None)[0]
     assert _rel(xs, xr) < 1e-4 and _rel(xs, xp) < 1e-5
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (6, 0), (0, 0)])
+def test_forced_slabs_on_empty_shapes(shape):
+    a = sp.csr_matrix(shape, dtype=np.float32)
+    pair = sparse.csr_pair(_bcsr(a, np.float32), slabs=True)
+    assert pair.slabs_t is None
+    out = pair.rmatvec(jnp.ones((shape[0],), jnp.float32))
+    assert out.shape == (shape[1],) and not np.any(np.asarray(out))
