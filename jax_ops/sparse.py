@@ -43,7 +43,18 @@ from jax import lax
 
 from jax_ops import _checks, _ffi
 
-__all__ = ["CSRPair", "RowProfile", "csr_pair", "matmul", "spmm", "spmv", "ALGORITHMS"]
+__all__ = [
+    "CSRPair",
+    "RowProfile",
+    "SlabModel",
+    "Slabs",
+    "csr_pair",
+    "matmul",
+    "slab_model",
+    "spmm",
+    "spmv",
+    "ALGORITHMS",
+]
 
 ALGORITHMS = ("vector", "warp", "cta", "split", "stream")
 _ALG_CODE = {"vector": 0, "warp": 0, "cta": 1, "split": 2, "stream": 3}
@@ -258,6 +269,185 @@ def _as_csr(A) -> tuple[jax.Array, jax.Array, jax.Array, int, int, bool]:
     )
 
 
+# ------------------------------------------------------------------------------------------- column slabs
+# Aᵀu of a tall A (m x n, m >> n) as a sweep of CSR(Aᵀ) gathers u (MBs) at random from L2: one 32-byte sector per
+# 4-byte read. The column-slab format cuts u's index range into J slabs of W entries that fit in shared memory
+# and stores Aᵀ slab by slab with uint16 local columns (contract in ffi_cuda/sparse/slab_spmv_params.h): a CTA
+# stages u[slab] in shared memory and gathers from there; pass 2 sums the per-(slab, row) partials in slab order.
+# Built once (on device, with a stable sort) when the CSRPair is built and the predicate (slab_model) says it pays.
+# Only f32/f64 (half types keep CSR(Aᵀ)); only N = 1 products (rmatvec, rmatvec_axpby; vmap folds into SpMM).
+SLAB_SMEM_BYTES = (
+    115712  # shared memory per CTA for u[slab]: 2 CTAs per SM on H100/H200 (228 KB/SM, 1 KB reserved)
+)
+SLAB_CTAS_PER_SM = 2  # must match kSlabCtasPerSm (ffi_cuda/sparse/slab_spmv_kernels.h)
+_SLAB_MAX_WIDTH = 65536  # local columns are uint16
+_SLAB_GROUPS = (4, 8, 16, 32)
+_DEFAULT_SMS = 132  # H100/H200 SXM, used when no GPU is visible (CPU builds, traced tests)
+_L1_BYTES = 128 * 1024  # a u this small is gathered from L1 by the CSR kernel: slabs do not pay
+_HBM_BPS, _L2_BPS, _SECTORS_PER_S = 3.5e12, 8e12, 140e9  # H200, measured (docs/sparse.md)
+
+
+def _sm_count() -> int:
+    try:
+        for d in jax.devices():
+            cc = getattr(d, "core_count", None)
+            if d.platform == "gpu" and cc:
+                return int(cc)
+    except RuntimeError:
+        pass
+    return _DEFAULT_SMS
+
+
+def slab_shape(cols: int, itemsize: int) -> tuple[int, int]:
+    """(W, J) for a gathered vector of ``cols`` entries: the fewest slabs of at most SLAB_SMEM_BYTES, equal widths
+    rounded up to a multiple of 4 (so each slab starts 16-byte aligned)."""
+    w_max = max(4, min(SLAB_SMEM_BYTES // itemsize, _SLAB_MAX_WIDTH) & ~3)
+    j = max(1, -(-cols // w_max))
+    w = max(4, (-(-cols // j) + 3) & ~3)
+    return w, max(1, -(-cols // w))
+
+
+@dataclasses.dataclass(frozen=True)
+class SlabModel:
+    """The slab predicate's numbers for Aᵀu with ``rows`` outputs, a gathered u of ``cols`` entries, ``nnz``."""
+
+    width: int
+    slabs: int
+    per_slab_row: float  # nnz / (rows * J): average entries of a (slab, row)
+    us_slab: float
+    us_csr: float
+    use: bool
+
+
+def slab_model(rows: int, cols: int, nnz: int, itemsize: int, items: int | None = None) -> SlabModel:
+    """When column slabs pay for ``out[rows] = Aᵀ u``, u of length ``cols`` (ported from the bench experiment).
+
+    Slabs are used when all hold: (1) u does not already live in L1 (cols * itemsize > 128 KB; then the CSR
+    kernel's gathers are L1 hits); (2) nnz >= 8 * rows * J, i.e. (slab, row) segments average >= 8 entries, so the
+    ptr and partial traffic (12 bytes per (slab, row)) stays <= ~25 % of the matrix bytes (6 per entry in f32);
+    (3) the bytes model says slabs are faster than CSR(Aᵀ):
+      slab = (nnz*(itemsize+2) + (J*rows+1)*4 + 2*J*rows*itemsize + (cols+rows)*itemsize) / HBM
+             + (every CTA stages its slab from L2: max(items, J) * W * itemsize) / L2 + 2 us (second launch),
+      CSR  = max(bytes / HBM, nnz / (random L2 sectors per second)),
+    with HBM 3.5 TB/s, L2 8 TB/s and 140 G sectors/s measured on the H200. ``items``: CTAs of one wave
+    (SMs * 2)."""
+    items = _sm_count() * SLAB_CTAS_PER_SM if items is None else items
+    w, j = slab_shape(cols, itemsize)
+    cells = j * rows
+    per = nnz / cells if cells else 0.0
+    bytes_slab = nnz * (itemsize + 2) + (cells + 1) * 4 + 2 * cells * itemsize + (cols + rows) * itemsize
+    staged = max(items, j) * w * itemsize
+    us_slab = (bytes_slab / _HBM_BPS + staged / _L2_BPS) * 1e6 + 2.0
+    bytes_csr = nnz * (itemsize + 4) + (rows + 1) * 4 + (cols + rows) * itemsize
+    l1_resident = cols * itemsize <= _L1_BYTES
+    us_csr = max(bytes_csr / _HBM_BPS, 0.0 if l1_resident else nnz / _SECTORS_PER_S) * 1e6
+    use = not l1_resident and rows > 0 and nnz >= 8 * cells and cells + 1 <= _INT32_MAX and us_slab < us_csr
+    return SlabModel(w, j, per, us_slab, us_csr, bool(use))
+
+
+def slab_group(per_slab_row: float) -> int:
+    """Lanes per (slab, row) of the slab kernel: the vector plan's thresholds (_vector_group), at least 4."""
+    return max(4, _vector_group(per_slab_row))
+
+
+@dataclasses.dataclass(frozen=True)
+class SlabPlan:
+    """Static shape of a column-slab operator: ``rows`` outputs, u of ``cols``, J slabs of ``width``."""
+
+    rows: int
+    cols: int
+    width: int
+    slabs: int
+    group: int
+    items: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Slabs:
+    """Aᵀ in column slabs (arrays as in slab_spmv_params.h) with its static plan; a registered pytree."""
+
+    ptr: jax.Array  # int32 [J*rows + 1]
+    col: jax.Array  # uint16 [nnz]
+    val: jax.Array  # [nnz]
+    work: jax.Array  # int32 [3*items]
+    plan: SlabPlan
+
+
+jax.tree_util.register_dataclass(Slabs, data_fields=["ptr", "col", "val", "work"], meta_fields=["plan"])
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _slab_arrays(indptr, indices, values, m: int, k: int, w: int):
+    """(ptr, col, val) of the slabs of Aᵀ from CSR(A) (monotone indptr): entry (i, c) goes to cell
+    (s = i // w, c) with local column i - s*w; a stable sort by cell keeps i ascending inside a cell."""
+    nnz = indices.shape[0]
+    j = max(1, -(-m // w))
+    cells = j * k
+    row, inside = _row_ids(indptr, nnz)
+    valid = inside & (indices >= 0) & (indices < k)
+    s = row // w
+    cell = jnp.where(valid, s * k + indices, cells).astype(jnp.int32)
+    local = (row - s * w).astype(jnp.uint16)
+    cell, local, val = lax.sort((cell, local, values), num_keys=1, is_stable=True)
+    ptr = jnp.searchsorted(cell, jnp.arange(cells + 1, dtype=jnp.int32), side="left").astype(jnp.int32)
+    return ptr, local, val
+
+
+def _slab_work_host(ptr: np.ndarray, rows: int, j: int, items: int) -> np.ndarray:
+    """Work list from a concrete ptr: slab s gets max(1, round(items * nnz_s / nnz)) items (at most rows), cut at
+    equal nnz; empty ranges are dropped (an empty slab keeps one item: its partials must be written)."""
+    if rows == 0:
+        return np.zeros((0,), np.int32)
+    ptr = np.asarray(ptr, np.int64)
+    sl = np.arange(j)
+    starts, ends = ptr[sl * rows], ptr[(sl + 1) * rows]
+    nnz_s = ends - starts
+    total = int(ptr[-1] - ptr[0])
+    c = np.rint(items * nnz_s / total) if total > 0 else np.ones(j)
+    c = np.clip(c, 1, rows).astype(np.int64)
+    rep = np.repeat(sl, c)
+    kk = np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c)
+    target = starts[rep] + (nnz_s[rep] * kk + c[rep] - 1) // c[rep]
+    r = np.clip(np.searchsorted(ptr, target, side="left") - rep * rows, 0, rows)
+    r0 = np.where(kk == 0, 0, r)
+    r1 = np.where(kk == c[rep] - 1, rows, np.roll(r0, -1))
+    r1 = np.maximum(r1, r0)
+    keep = r1 > r0
+    return np.stack([rep[keep], r0[keep], r1[keep]], axis=1).astype(np.int32).reshape(-1)
+
+
+def _slab_work_static(rows: int, j: int, items: int) -> np.ndarray:
+    """Work list without a concrete ptr (pair built under jit): every slab cut into equal row ranges."""
+    if rows == 0:
+        return np.zeros((0,), np.int32)
+    c = int(min(rows, max(1, round(items / j))))
+    bounds = (np.arange(c + 1) * rows) // c
+    r0, r1 = bounds[:-1], bounds[1:]
+    keep = r1 > r0
+    r0, r1 = r0[keep], r1[keep]
+    sl = np.repeat(np.arange(j), r0.size)
+    return np.stack([sl, np.tile(r0, j), np.tile(r1, j)], axis=1).astype(np.int32).reshape(-1)
+
+
+def _build_slabs(indptr, indices, values, m: int, k: int, items: int | None = None) -> Slabs:
+    """Slabs of Aᵀ for the CSR(A) (m x k, monotone indptr) a CSRPair holds."""
+    itemsize = np.dtype(values.dtype).itemsize
+    items = _sm_count() * SLAB_CTAS_PER_SM if items is None else items
+    w, j = slab_shape(m, itemsize)
+    if j * k + 1 > _INT32_MAX:
+        raise ValueError(
+            f"column slabs of a {m}x{k} matrix need J*n = {j * k} cells (>= 2^31); use slabs=False"
+        )
+    ptr, col, val = _slab_arrays(indptr, indices, values, m, k, w)
+    if _is_concrete(ptr):
+        work = _slab_work_host(np.asarray(ptr), k, j, items)
+    else:
+        work = _slab_work_static(k, j, items)
+    nnz = int(indices.shape[0])
+    plan = SlabPlan(k, m, w, j, slab_group(nnz / (j * k) if k else 0.0), int(work.size // 3))
+    return Slabs(ptr, col, val, jnp.asarray(work), plan)
+
+
 # ------------------------------------------------------------------------------------------ long-row lists
 def _long_rows_host(indptr: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, int]:
     lens = np.diff(np.asarray(indptr, np.int64))
@@ -431,6 +621,71 @@ def _core(plan: Plan, implementation: str | None):
     return core
 
 
+def _ffi_slab(ptr, col, val, work, b2, alpha, beta, y, *, plan: SlabPlan):
+    """``alpha * (Aᵀ u) + beta * y`` through jax_ops_sparse_slab_spmv (b2 = u as [m, 1], y [n, 1] or [0])."""
+    n = plan.rows
+    acc = _acc_dtype(val.dtype)
+    out = jax.ShapeDtypeStruct((n,), val.dtype)
+    ws = jax.ShapeDtypeStruct((max(plan.slabs * n, 1),), acc)
+    y1 = y.reshape(-1)
+    res, _ = _ffi.ffi_call(
+        "jax_ops_sparse_slab_spmv",
+        (out, ws),
+        ptr,
+        col,
+        val,
+        work,
+        b2.reshape(-1),
+        alpha,
+        beta,
+        y1,
+        input_output_aliases={7: 0} if y1.size else None,
+        width=np.int64(plan.width),
+        group=np.int32(plan.group),
+    )
+    return res[:, None]
+
+
+@functools.cache
+def _slab_core(slab: SlabPlan, plan: Plan, implementation: str | None):
+    """N = 1 product through column slabs; vmap folds the batch into the columns of a CSR SpMM (``_core``), or
+    stays on slabs when the folded width is still 1."""
+
+    @jax.custom_batching.custom_vmap
+    def core(indptr, indices, values, long_rows, long_ptr, ptr, col, val, work, b2, alpha, beta, y):
+        if b2.shape[1] != 1:
+            return _core(plan, implementation)(
+                indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr
+            )
+        return _ffi_slab(ptr, col, val, work, b2, alpha, beta, y, plan=slab)
+
+    @core.def_vmap
+    def _rule(axis_size, in_batched, *args):
+        indptr, indices, values, long_rows, long_ptr, ptr, col, val, work, b2, alpha, beta, y = args
+        if any(in_batched[:9]):
+            full = tuple(
+                a if bt else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, bt in zip(args, in_batched)
+            )
+            return lax.map(lambda xs: core(*xs), full), True
+        v, n = axis_size, b2.shape[-1]
+        k, m = b2.shape[-2], indptr.shape[0] - 1
+
+        def full(x, batched):
+            return x if batched else jnp.broadcast_to(x, (v, *x.shape))
+
+        bf = jnp.moveaxis(full(b2, in_batched[9]), 0, 1).reshape(k, v * n)
+        af = full(alpha, in_batched[10]).reshape(v * n)
+        betaf = full(beta, in_batched[11]).reshape(v * n)
+        if y.size == 0:
+            yf = jnp.zeros((0,), values.dtype)
+        else:
+            yf = jnp.moveaxis(full(y, in_batched[12]), 0, 1).reshape(m, v * n)
+        out = core(indptr, indices, values, long_rows, long_ptr, ptr, col, val, work, bf, af, betaf, yf)
+        return jnp.moveaxis(out.reshape(m, v, n), 1, 0), True
+
+    return core
+
+
 # ------------------------------------------------------------------------------------ differentiable op
 @dataclasses.dataclass(frozen=True)
 class _Static:
@@ -439,6 +694,7 @@ class _Static:
     plan: Plan
     plan_t: Plan | None  # None: no transposed CSR given (built in the backward pass)
     implementation: str | None
+    slab: SlabPlan | None = None  # column slabs of the product's matrix (N = 1 forward only)
 
 
 def _sampled(indptr, indices, g, b2, k):
@@ -455,18 +711,41 @@ def _sampled(indptr, indices, g, b2, k):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _apply(st: _Static, a_arrays, t_arrays, values, t_values, b2, alpha, beta, y):
+def _apply(st: _Static, a_arrays, t_arrays, values, t_values, slabs, b2, alpha, beta, y):
     indptr, indices, long_rows, long_ptr = a_arrays
+    if st.slab is not None and slabs is not None and b2.shape[1] == 1 and st.implementation != "xla":
+        # slabs.val is a permutation of `values` made at build time: gradients still go to `values` (below).
+        return _slab_core(st.slab, st.plan, st.implementation)(
+            indptr,
+            indices,
+            values,
+            long_rows,
+            long_ptr,
+            slabs.ptr,
+            slabs.col,
+            slabs.val,
+            slabs.work,
+            b2,
+            alpha,
+            beta,
+            y,
+        )
     return _core(st.plan, st.implementation)(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr)
 
 
-def _apply_fwd(st, a_arrays, t_arrays, values, t_values, b2, alpha, beta, y):
-    out = _apply(st, a_arrays, t_arrays, values, t_values, b2, alpha, beta, y)
-    return out, (a_arrays, t_arrays, values, t_values, b2, alpha, beta, y)
+def _apply_fwd(st, a_arrays, t_arrays, values, t_values, slabs, b2, alpha, beta, y):
+    out = _apply(st, a_arrays, t_arrays, values, t_values, slabs, b2, alpha, beta, y)
+    return out, (a_arrays, t_arrays, values, t_values, slabs, b2, alpha, beta, y)
+
+
+def _zero_cotangent(x):
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, jax.dtypes.float0)
 
 
 def _apply_bwd(st, res, g):
-    a_arrays, t_arrays, values, t_values, b2, alpha, beta, y = res
+    a_arrays, t_arrays, values, t_values, slabs, b2, alpha, beta, y = res
     indptr, indices, long_rows, long_ptr = a_arrays
     acc = _acc_dtype(values.dtype)
     n = b2.shape[1]
@@ -503,6 +782,7 @@ def _apply_bwd(st, res, g):
         zero_like(t_arrays),
         gv,
         jnp.zeros_like(t_values),
+        jax.tree_util.tree_map(_zero_cotangent, slabs),
         gb.astype(b2.dtype),
         galpha,
         gbeta,
@@ -571,6 +851,8 @@ class CSRPair:
     profile: RowProfile | None
     profile_t: RowProfile | None
     implementation: str | None = None
+    slabs: Slabs | None = None  # column slabs of A, for A x (not built today)
+    slabs_t: Slabs | None = None  # column slabs of Aᵀ, for Aᵀ u (rmatvec, N = 1)
 
     @classmethod
     def from_matrix(
@@ -581,9 +863,12 @@ class CSRPair:
         transpose_algorithm: str | None = None,
         split_chunk: int | None = None,
         implementation: str | None = None,
+        slabs: bool | None = None,
     ) -> CSRPair:
         """Builds the pair. ``algorithm``/``transpose_algorithm`` override the profile's choice (testing);
-        ``split_chunk`` sets the nnz per work unit of the split algorithm."""
+        ``split_chunk`` sets the nnz per work unit of the split algorithm. ``slabs``: build the column-slab
+        form of Aᵀ used by N = 1 ``rmatvec`` (True), never (False), or when :func:`slab_model` says it pays
+        for this shape (None; f32/f64 only)."""
         _checks.check_implementation(implementation)
         if isinstance(A, CSRPair):
             return A
@@ -599,6 +884,15 @@ class CSRPair:
         plan_t, lr_t, lp_t = _make_plan(
             indptr_t, nnz, k, prof_t, transpose_algorithm, split_chunk, m, itemsize
         )
+        slab_ok = np.dtype(values.dtype) in (np.dtype(np.float32), np.dtype(np.float64))
+        if slabs and not slab_ok:
+            raise ValueError(
+                f"slabs=True needs float32 or float64 values, got {np.dtype(values.dtype)} (half types use CSR(Aᵀ))"
+            )
+        if slabs is None:
+            slabs = slab_ok and slab_model(k, m, nnz, itemsize).use
+        # (an empty A has nothing to gather: slabs=True builds none)
+        slabs_t = _build_slabs(indptr, indices, values, m, k) if slabs and m > 0 and k > 0 else None
         return cls(
             indptr,
             indices,
@@ -616,6 +910,8 @@ class CSRPair:
             prof,
             prof_t,
             implementation,
+            None,
+            slabs_t,
         )
 
     # -- properties
@@ -646,6 +942,8 @@ class CSRPair:
             self.profile_t,
             self.profile,
             self.implementation,
+            self.slabs_t,
+            self.slabs,
         )
 
     # -- products
@@ -670,12 +968,16 @@ class CSRPair:
         beta_a = _coef("beta", beta, n, acc, 1.0)
         a_arr = (self.indptr, self.indices, self.long_rows, self.long_ptr)
         t_arr = (self.indptr_t, self.indices_t, self.long_rows_t, self.long_ptr_t)
+        slabs = self.slabs_t if transpose else self.slabs
+        slab = slabs.plan if slabs is not None and n == 1 else None
+        if slab is None:
+            slabs = None
         if transpose:
-            st = _Static(m, k, self.plan_t, self.plan, self.implementation)
-            out = _apply(st, t_arr, a_arr, self.values_t, self.values, b2, alpha_a, beta_a, y2)
+            st = _Static(m, k, self.plan_t, self.plan, self.implementation, slab)
+            out = _apply(st, t_arr, a_arr, self.values_t, self.values, slabs, b2, alpha_a, beta_a, y2)
         else:
-            st = _Static(m, k, self.plan, self.plan_t, self.implementation)
-            out = _apply(st, a_arr, t_arr, self.values, self.values_t, b2, alpha_a, beta_a, y2)
+            st = _Static(m, k, self.plan, self.plan_t, self.implementation, slab)
+            out = _apply(st, a_arr, t_arr, self.values, self.values_t, slabs, b2, alpha_a, beta_a, y2)
         return out[:, 0] if vec else out
 
     def matvec(self, x, *, alpha=None, beta=None, y=None) -> jax.Array:
@@ -731,6 +1033,8 @@ jax.tree_util.register_dataclass(
         "values_t",
         "long_rows_t",
         "long_ptr_t",
+        "slabs",
+        "slabs_t",
     ],
     meta_fields=["shape", "plan", "plan_t", "profile", "profile_t", "implementation"],
 )
@@ -751,6 +1055,7 @@ def _matmul_sparse_dense(A, B, *, algorithm, split_chunk, implementation, name):
                 transpose_algorithm=algorithm,
                 split_chunk=split_chunk,
                 implementation=A.implementation,
+                slabs=A.slabs_t is not None,
             )
         if implementation is not None:
             A = dataclasses.replace(A, implementation=implementation)
@@ -772,6 +1077,7 @@ def _matmul_sparse_dense(A, B, *, algorithm, split_chunk, implementation, name):
         empty_t,
         values,
         jnp.zeros((0,), values.dtype),
+        None,
         b2,
         ones,
         ones,

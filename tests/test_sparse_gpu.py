@@ -215,3 +215,78 @@ def test_grad_on_gpu():
     x, x64 = _dense_in((200, 4), np.float32, _gpu())
     gx = jax.jit(jax.grad(lambda x: jnp.sum(sparse.matmul(A, x) ** 2)))(x)
     assert _rel(gx, 2 * a.T @ (a @ x64)) < 1e-5
+
+
+# ----------------------------------------------------------------------------- column-slab Aᵀu (CSRPair.rmatvec)
+def _slab_ragged():
+    """5003 x 37: m not a multiple of W = 836 or of 4, rows 836..1671 empty (an empty slab), columns 3 and 17
+    unused (empty Aᵀ rows)."""
+    rng = np.random.default_rng(11)
+    lens = np.where((np.arange(5003) >= 836) & (np.arange(5003) < 1672), 0, 1 + rng.integers(0, 9, 5003))
+    indptr = np.concatenate([[0], np.cumsum(lens)])
+    cols = rng.integers(0, 35, int(indptr[-1]))
+    cols = np.where(cols >= 3, cols + 1, cols)
+    cols = np.where(cols >= 17, cols + 1, cols)  # never 3 or 17
+    a = sp.csr_matrix((rng.standard_normal(int(indptr[-1])), cols, indptr), shape=(5003, 37))
+    a.sum_duplicates()
+    return a
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_small_slabs_ragged(dtype, monkeypatch):
+    # Forced slabs of width 836 (J = 6) vs the CSR(Aᵀ) kernel, the CPU twin and float64; the output is y itself
+    # (donated, aliased), so an unwritten element would keep y's value. NaN in u where no entry reads it (the empty
+    # slab) must not leak.
+    with jax.enable_x64(dtype == np.float64):
+        monkeypatch.setattr(sparse, "SLAB_SMEM_BYTES", 836 * np.dtype(dtype).itemsize)
+        a = _slab_ragged()
+        ref_a = _rounded(a, dtype)
+        outs = {}
+        for where, dev in (("gpu", _gpu()), ("cpu", _cpu())):
+            for slabs in (True, False):
+                pair = sparse.csr_pair(_bcsr(a, dtype, dev), slabs=slabs)
+                assert (pair.slabs_t is not None) == slabs
+                if slabs:
+                    assert pair.slabs_t.plan.slabs == 6
+                u, u64 = _dense_in((5003,), dtype, dev)
+                y, y64 = _dense_in((37,), dtype, dev, seed=9)
+                f = jax.jit(lambda p, u, y: p.rmatvec(u, alpha=0.75, beta=-0.5, y=y), donate_argnums=(2,))
+                out = f(pair, u, y)
+                assert _rel(out, 0.75 * (ref_a.T @ u64) - 0.5 * y64) < TOL[dtype], (dev, slabs)
+                outs[where, slabs] = np.asarray(out)
+                assert _rel(jax.jit(lambda p, u: p.rmatvec(u))(pair, u), ref_a.T @ u64) < TOL[dtype]
+                ub = np.array(u64, dtype)
+                ub[836:1672] = np.nan
+                out = jax.jit(lambda p, u: p.rmatvec(u))(pair, jax.device_put(jnp.asarray(ub), dev))
+                assert np.all(np.isfinite(np.asarray(out)))
+        assert _rel(outs["gpu", True], outs["cpu", True]) < TOL[dtype]
+        assert _rel(outs["gpu", True], outs["gpu", False]) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_slabs_vs_csr_lsq(dtype):
+    # The 306136 x 6177 LSQ matrix of the bench (~18/row): the predicate picks slabs; slabs vs CSR(Aᵀ) vs float64,
+    # with the fused epilogue into an aliased y, deterministic run to run, and vmap (folds into the CSR SpMM).
+    from jax_ops.bench.sparse import gen_lsq
+
+    with jax.enable_x64(dtype == np.float64):
+        indptr, cols, vals, shape = gen_lsq(306_136, 6_177, 18)
+        a = sp.csr_matrix((vals.astype(np.float64), cols, indptr), shape=shape)
+        ref_a = _rounded(a, dtype)
+        pair = sparse.csr_pair(_bcsr(a, dtype, _gpu()))
+        assert pair.slabs_t is not None, sparse.slab_model(6_177, 306_136, a.nnz, np.dtype(dtype).itemsize)
+        assert pair.slabs_t.plan.group == (8 if dtype == np.float32 else 4), pair.slabs_t.plan
+        plain = sparse.csr_pair(_bcsr(a, dtype, _gpu()), slabs=False)
+        u, u64 = _dense_in((306_136,), dtype, _gpu())
+        f = jax.jit(lambda p, u: p.rmatvec(u))
+        out = f(pair, u)
+        assert _rel(out, ref_a.T @ u64) < TOL[dtype]
+        assert _rel(out, f(plain, u)) < TOL[dtype]
+        first = np.asarray(out)
+        for _ in range(3):
+            assert np.array_equal(np.asarray(f(pair, u)), first)
+        y, y64 = _dense_in((6_177,), dtype, _gpu(), seed=9)
+        g = jax.jit(lambda p, u, y: p.rmatvec_axpby(u, y, -2.0), donate_argnums=(2,))
+        assert _rel(g(pair, u, y), ref_a.T @ u64 - 2.0 * y64) < TOL[dtype]
+        U, U64 = _dense_in((2, 306_136), dtype, _gpu(), seed=3)
+        assert _rel(jax.jit(jax.vmap(pair.rmatvec))(U), (ref_a.T @ U64.T).T) < TOL[dtype]

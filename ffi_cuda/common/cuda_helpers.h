@@ -44,8 +44,9 @@ ffi::ErrorOr<const DeviceProps*> CurrentDeviceProps();
 // The attribute belongs to the device's context: a process that drives several GPUs (one JAX process per host)
 // must set it on each, so a process-wide "once" would fail the launches on every device but the first.
 // Thread-safe; inline (function-local statics are shared across translation units) so the standalone tools in
-// ffi_cuda/tools link without the CUDA module.
-inline cudaError_t SetDynamicSmemOnce(const void* kernel, int bytes) {
+// ffi_cuda/tools link without the CUDA module. `max_shared_carveout` also asks for the largest shared-memory
+// carveout (for kernels that need several CTAs' large shared memory on one SM; a hint, set once with the rest).
+inline cudaError_t SetDynamicSmemOnce(const void* kernel, int bytes, bool max_shared_carveout = false) {
   static std::mutex mu;
   static std::set<std::pair<std::pair<int, const void*>, int>> done;
   int device = 0;
@@ -55,6 +56,8 @@ inline cudaError_t SetDynamicSmemOnce(const void* kernel, int bytes) {
   const auto key = std::make_pair(std::make_pair(device, kernel), bytes);
   if (done.count(key)) return cudaSuccess;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess && max_shared_carveout)
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   if (err == cudaSuccess) done.insert(key);
   return err;
 }

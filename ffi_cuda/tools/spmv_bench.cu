@@ -7,10 +7,15 @@
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -cudart static \
 //     -I ffi_cuda -isystem $(python3 -c "import jax.ffi as f; print(f.include_dir())") -isystem $CU/include \
 //     ffi_cuda/tools/spmv_bench.cu -o spmv_bench -L $CU/lib -l:libcusparse.so.12
-// Usage: spmv_bench [--small] [--quick] [--lsmr-pass] [--csv FILE]
+// (the column-slab experiment build of 2026-11-29 was /work/main/.devbin/spmv_bench_slab; the library-kernel
+// build is /work/main/.devbin/c3/spmv_bench, same line)
+// Usage: spmv_bench [--small] [--quick] [--slab] [--lsmr-pass] [--csv FILE]
 //   --lsmr-pass: LSMR's two sweeps vs the one-pass experiment (tools/lsmr_pass.cuh) on the LSQ matrices.
-//   --small: only the small every-path correctness checks (all dtypes, N = 1 and SpMM), e.g. under
-//            compute-sanitizer; --quick: no parameter sweeps, only the dispatched plan and cuSPARSE.
+//   --small: only the small every-path correctness checks (all dtypes, N = 1 and SpMM, the slab kernels' ragged
+//            cases), e.g. under compute-sanitizer; --quick: no parameter sweeps, only the dispatched plan and
+//            cuSPARSE; --slab: the slab kernels' ragged checks, then the two LSQ matrices (slab predicate: yes) and
+//            bundle-adjustment (predicate: no) only, Ax/Aᵀu by the dispatched plan and cuSPARSE and Aᵀu by the
+//            library's column-slab kernels (sparse/slab_spmv_kernels_impl.cuh) in the library's config (< 60 s).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cusparse.h>
@@ -25,9 +30,11 @@
 #include <string>
 #include <vector>
 
+#include "sparse/slab_spmv_kernels_impl.cuh"
 #include "sparse/spmm_kernels_impl.cuh"
 #include "tools/bench_check.h"
 #include "tools/lsmr_pass.cuh"
+#include "tools/slab_host.h"
 
 using namespace jax_ops::sparse;
 
@@ -921,12 +928,226 @@ static int LsmrPassCompare(const Csr& a, const Csr& t, int sms) {
   return fails;
 }
 
+// ------------------------------------------------- column-slab Aᵀu (library kernels, sparse/slab_spmv_*)
+namespace sh = jax_ops::sparse::slab_host;
+
+// The slab format of one matrix on the device, with its work list and the library's launch arguments.
+struct DevSlabs {
+  sh::SlabHost h;
+  int32_t *ptr = nullptr, *work = nullptr;
+  uint16_t* col = nullptr;
+  float *val = nullptr, *part = nullptr;
+  int64_t items = 0;
+  void Upload(sh::SlabHost host) {
+    h = std::move(host);
+    CHECK(cudaMalloc(&ptr, h.ptr.size() * 4));
+    CHECK(cudaMalloc(&col, std::max<int64_t>(1, h.nnz) * 2));
+    CHECK(cudaMalloc(&val, std::max<int64_t>(1, h.nnz) * 4));
+    CHECK(cudaMalloc(&part, std::max<int64_t>(1, h.j * h.rows) * 4));
+    CHECK(cudaMemcpy(ptr, h.ptr.data(), h.ptr.size() * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(col, h.col.data(), h.nnz * 2, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(val, h.val.data(), h.nnz * 4, cudaMemcpyHostToDevice));
+  }
+  void SetWork(int64_t items_target) {
+    cudaFree(work);
+    const std::vector<int32_t> w = sh::SlabWork(h, items_target);
+    items = static_cast<int64_t>(w.size() / 3);
+    CHECK(cudaMalloc(&work, std::max<size_t>(1, w.size()) * 4));
+    if (!w.empty()) CHECK(cudaMemcpy(work, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+  }
+  double PerSlabRow() const { return h.rows ? double(h.nnz) / double(h.j * h.rows) : 0.0; }
+  // Launch arguments as the FFI handler fills them (prefetch: SlabPrefetchNnz, or `prefetch` when >= 0).
+  SlabArgs<float, float> Args(const float* u, const float* alpha, const float* beta, const float* y, float* out,
+                              int group, int sms, int32_t prefetch = -1) const {
+    SlabArgs<float, float> a;
+    a.ptr = ptr, a.col = col, a.val = val, a.work = work, a.u = u, a.part = part;
+    a.alpha = alpha, a.beta = beta, a.y = y, a.out = out;
+    a.n = h.rows, a.m = h.cols, a.nnz = h.nnz, a.w = h.w, a.j = h.j, a.items = items, a.group = group;
+    a.prefetch_nnz = prefetch >= 0 ? prefetch : SlabPrefetchNnz(h.w, sms);
+    return a;
+  }
+  void Poison() const { CHECK(cudaMemset(part, 0xFF, std::max<int64_t>(1, h.j * h.rows) * 4)); }
+  ~DevSlabs() { cudaFree(ptr), cudaFree(col), cudaFree(val), cudaFree(part), cudaFree(work); }
+};
+
+static constexpr int64_t kSlabWidthMax = sh::kSlabSmemBytes / 4;  // f32
+
+// Ragged cases against a float64 reference, outputs and partials poisoned (NaN) first; every G of the library
+// kernel, two work-list sizes, prefetch off / clamped, with and without the beta * y term. Returns the failures.
+static int SlabSmallChecks(int sms) {
+  struct SmallCase {
+    std::string name;
+    Csr a;
+    int64_t w_max;
+    bool misalign;
+  };
+  std::vector<SmallCase> cases;
+  {  // m = 5003 (not a multiple of W = 836 nor of 4), an empty slab (rows 836..1671), empty Aᵀ rows 3 and 17,
+     // out-of-range columns (dropped)
+    Rng rng(11);
+    std::vector<int64_t> lens(5003);
+    for (int64_t i = 0; i < 5003; ++i) lens[i] = (i >= 836 && i < 1672) ? 0 : 1 + rng.below(9);
+    Csr a = FromLens("ragged 5003x37", 5003, 37, lens, rng, true);
+    for (auto& c : a.indices)
+      if (c == 3 || c == 17) c = 4;
+    for (int i = 0; i < 6; ++i) a.indices[rng.below(a.nnz())] = (i & 1) ? -3 : 37 + 7;
+    cases.push_back({"ragged J=6", a, 1000, false});
+    cases.push_back({"ragged J=6 u misaligned", a, 1000, true});
+    cases.push_back({"ragged J=1", a, kSlabWidthMax, false});
+  }
+  {  // n = 1: Aᵀ is one row; every third row of A empty; W = 100, J = 8, last slab 77 wide
+    Rng rng(12);
+    std::vector<int64_t> lens(777);
+    for (int64_t i = 0; i < 777; ++i) lens[i] = i % 3 ? 1 : 0;
+    cases.push_back({"n=1 J=8", FromLens("n=1 777x1", 777, 1, lens, rng, true), 100, false});
+  }
+  {  // m = 3 < 4: no 16-byte part at all
+    Rng rng(13);
+    cases.push_back({"tiny 3x5", FromLens("tiny 3x5", 3, 5, {2, 0, 3}, rng, true), 1000, false});
+  }
+  {  // long slab rows: 4000 x 3, every row of A full, W = 1000: slab rows of 1000 nnz
+    Rng rng(14);
+    Csr a = FromLens("long 4000x3", 4000, 3, std::vector<int64_t>(4000, 3), rng, true);
+    for (int64_t i = 0; i < 4000; ++i)
+      for (int j = 0; j < 3; ++j) a.indices[3 * i + j] = j;
+    cases.push_back({"long slab rows", a, 1000, false});
+  }
+  int fails = 0, runs = 0;
+  for (const SmallCase& sc : cases) {
+    const Csr& a = sc.a;
+    const Csr t = Transpose(a);
+    Rng rng(15);
+    std::vector<float> hu(a.m), hy(a.k);
+    for (auto& v : hu) v = static_cast<float>(rng.uniform() * 2 - 1);
+    for (auto& v : hy) v = static_cast<float>(rng.uniform() * 2 - 1);
+    const std::vector<double> prod = Reference(t, hu);
+    const float alpha = 0.75f, beta = -0.5f;
+    float *u_buf, *y, *out, *al, *be;
+    CHECK(cudaMalloc(&u_buf, (a.m + 4) * 4));
+    CHECK(cudaMalloc(&y, std::max<int64_t>(1, a.k) * 4));
+    CHECK(cudaMalloc(&out, std::max<int64_t>(1, a.k) * 4));
+    CHECK(cudaMalloc(&al, 4));
+    CHECK(cudaMalloc(&be, 4));
+    float* u = u_buf + (sc.misalign ? 1 : 0);
+    CHECK(cudaMemcpy(u, hu.data(), a.m * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(y, hy.data(), a.k * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(al, &alpha, 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(be, &beta, 4, cudaMemcpyHostToDevice));
+    DevSlabs ds;
+    ds.Upload(sh::BuildSlabsFromA(a.m, a.k, a.indptr.data(), a.indices.data(), a.values.data(), a.nnz(),
+                                  std::min(sc.w_max, kSlabWidthMax)));
+    for (int64_t items : {int64_t{1}, int64_t{sms} * kSlabCtasPerSm}) {
+      ds.SetWork(items);
+      for (int g : {4, 8, 16, 32})
+        for (int pf = 0; pf < 2; ++pf)
+          for (int with_y = 0; with_y < 2; ++with_y) {
+            ds.Poison();
+            CHECK(cudaMemset(out, 0xFF, std::max<int64_t>(1, a.k) * 4));
+            // prefetch: off, or a count that is not a multiple of a line (clamped to the range)
+            const SlabArgs<float, float> args = ds.Args(u, al, be, with_y ? y : nullptr, out, g, sms, pf ? 37 : 0);
+            CHECK((LaunchSlabSpmv<float, float>(nullptr, args, sms)));
+            CHECK(cudaDeviceSynchronize());
+            std::vector<float> ho(a.k);
+            CHECK(cudaMemcpy(ho.data(), out, a.k * 4, cudaMemcpyDeviceToHost));
+            double num = 0, den = 0;
+            bool finite = true;
+            for (int64_t r = 0; r < a.k; ++r) {
+              const double ref = alpha * prod[r] + (with_y ? double(beta) * hy[r] : 0.0);
+              finite &= std::isfinite(ho[r]);
+              num += (ho[r] - ref) * (ho[r] - ref), den += ref * ref;
+            }
+            const double err = std::sqrt(num / std::max(den, 1e-300));
+            ++runs;
+            if (!finite || err > 1e-5) {
+              ++fails;
+              std::printf("  SLAB SMALL FAIL %s (J=%lld W=%lld items=%lld) G=%d pf=%d y=%d: err %.2e finite %d\n",
+                          sc.name.c_str(), (long long)ds.h.j, (long long)ds.h.w, (long long)ds.items, g, pf, with_y,
+                          err, int(finite));
+            }
+          }
+    }
+    cudaFree(u_buf), cudaFree(y), cudaFree(out), cudaFree(al), cudaFree(be);
+  }
+  std::printf("slab small checks: %d runs, %d failures\n", runs, fails);
+  return fails;
+}
+
+struct SlabSummary {
+  std::string name, plan;
+  double ax = 0, atu = 0, cusp_atu = 0, slab_us = 0;
+};
+static std::vector<SlabSummary> g_slab;
+
+// Aᵀu of `a` (CSR(A) m x n) through the library's slab kernels with the library's config: the rule's G, one wave
+// of work items (SMs * 2), prefetch on; then once more with the epilogue. `ax`/`atu`: RunCase summaries.
+static void SlabRun(const Csr& a, const Csr& t, int sms, const Summary& ax, const Summary& atu) {
+  Case c;
+  c.host = &t;
+  c.d.m = t.m;
+  c.sms = sms;
+  c.hx.resize(t.k);
+  Rng rng(77);  // the u of RunCase(t, ...)
+  for (auto& v : c.hx) v = static_cast<float>(rng.uniform() * 2.0 - 1.0);
+  c.ref = Reference(t, c.hx);
+  float* u;
+  CHECK(cudaMalloc(&u, std::max<int64_t>(1, t.k) * 4));
+  CHECK(cudaMalloc(&c.y, std::max<int64_t>(1, t.m) * 4));
+  CHECK(cudaMalloc(&c.alpha, 4));
+  CHECK(cudaMalloc(&c.beta, 4));
+  CHECK(cudaMemcpy(u, c.hx.data(), t.k * 4, cudaMemcpyHostToDevice));
+  const float one = 1.0f, zero = 0.0f;
+  CHECK(cudaMemcpy(c.alpha, &one, 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(c.beta, &zero, 4, cudaMemcpyHostToDevice));
+  DevSlabs ds;
+  ds.Upload(sh::BuildSlabsFromA(a.m, a.k, a.indptr.data(), a.indices.data(), a.values.data(), a.nnz(), kSlabWidthMax));
+  ds.SetWork(int64_t{sms} * kSlabCtasPerSm);
+  const int g = sh::SlabGroup(ds.PerSlabRow());
+  c.bytes = double(ds.h.nnz) * 6 + double(ds.h.j * ds.h.rows + 1) * 4 + 2.0 * ds.h.j * ds.h.rows * 4 +
+            double(ds.h.cols + ds.h.rows) * 4;
+  std::printf(
+      "\n== %s  ATu column slabs: rows %lld, u %lld, nnz %lld, J=%lld W=%lld, nnz/(rows*J)=%.1f -> G=%d, "
+      "%lld CTAs (CSR(A^T) %.1f us, cuSPARSE %.1f us, Ax %.1f us)\n",
+      t.name.c_str(), (long long)t.m, (long long)t.k, (long long)t.nnz(), (long long)ds.h.j, (long long)ds.h.w,
+      ds.PerSlabRow(), g, (long long)ds.items, atu.ours, atu.cusp, ax.ours);
+  char name[160];
+  std::snprintf(name, sizeof name, "slab G=%d J=%lld (%lld CTAs) pf", g, (long long)ds.h.j, (long long)ds.items);
+  ds.Poison();
+  const SlabArgs<float, float> args = ds.Args(u, c.alpha, c.beta, nullptr, c.y, g, sms);
+  const Result r = Measure(c, name, [&] { CHECK((LaunchSlabSpmv<float, float>(nullptr, args, sms))); });
+  Print(c, "ATu", r, atu.cusp);
+  {  // the same with the epilogue: out = 0.5 * Aᵀu - 2 * y
+    std::vector<float> hy(t.m);
+    Rng ry(78);
+    for (auto& v : hy) v = static_cast<float>(ry.uniform() * 2 - 1);
+    float* y;
+    CHECK(cudaMalloc(&y, std::max<int64_t>(1, t.m) * 4));
+    CHECK(cudaMemcpy(y, hy.data(), t.m * 4, cudaMemcpyHostToDevice));
+    const float half = 0.5f, m2 = -2.0f;
+    CHECK(cudaMemcpy(c.alpha, &half, 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(c.beta, &m2, 4, cudaMemcpyHostToDevice));
+    const std::vector<double> prod = c.ref;
+    for (int64_t i = 0; i < t.m; ++i) c.ref[i] = 0.5 * prod[i] - 2.0 * hy[i];
+    ds.Poison();
+    double err = 0;
+    const SlabArgs<float, float> ey = ds.Args(u, c.alpha, c.beta, y, c.y, g, sms);
+    const bool ok = Verify(c, [&] { CHECK((LaunchSlabSpmv<float, float>(nullptr, ey, sms))); }, &err);
+    std::printf("  with epilogue (0.5 ATu - 2 y): err %.1e%s\n", err, ok ? "" : "  FAIL");
+    c.ref = prod;
+    cudaFree(y);
+  }
+  std::printf("  slab: %.1f us: x%.2f our CSR(A^T), x%.2f cuSPARSE, ATu/Ax %.2f\n", r.us, atu.ours / r.us,
+              atu.cusp / r.us, r.us / ax.ours);
+  g_slab.push_back({t.name, name, ax.ours, atu.ours, atu.cusp, r.ok ? r.us : NAN});
+  cudaFree(u), cudaFree(c.y), cudaFree(c.alpha), cudaFree(c.beta);
+}
+
 int main(int argc, char** argv) {
-  bool small_only = false, quick = false, lsmr_pass = false;
+  bool small_only = false, quick = false, slab_only = false, lsmr_pass = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--lsmr-pass")) lsmr_pass = true;
     if (!std::strcmp(argv[i], "--small")) small_only = true;
     if (!std::strcmp(argv[i], "--quick")) quick = true;
+    if (!std::strcmp(argv[i], "--slab")) slab_only = quick = true;
     if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) g_csv = std::fopen(argv[++i], "w");
   }
   int sms = 0;
@@ -935,10 +1156,13 @@ int main(int argc, char** argv) {
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
   int fails = 0;
-  fails += SmallChecks<float, float>("f32", 1e-5, sms);
-  fails += SmallChecks<double, double>("f64", 1e-12, sms);
-  fails += SmallChecks<__half, float>("f16", 2e-3, sms);
-  fails += SmallChecks<__nv_bfloat16, float>("bf16", 1e-2, sms);
+  if (!slab_only) {
+    fails += SmallChecks<float, float>("f32", 1e-5, sms);
+    fails += SmallChecks<double, double>("f64", 1e-12, sms);
+    fails += SmallChecks<__half, float>("f16", 2e-3, sms);
+    fails += SmallChecks<__nv_bfloat16, float>("bf16", 1e-2, sms);
+  }
+  fails += SlabSmallChecks(sms);
   if (small_only) return fails ? 1 : 0;
   if (lsmr_pass) {
     for (const Csr& a : {Lsq(306136, 6177, 18), Lsq(936063, 23394, 21)}) fails += LsmrPassCompare(a, Transpose(a), sms);
@@ -969,14 +1193,21 @@ int main(int argc, char** argv) {
       [] { return Lsq(936063, 23394, 21); },
       [] { return BundleAdjustment(1000000, 20000, 250000); },
   };
+  if (slab_only) gens.erase(gens.begin(), gens.begin() + 4);  // the LSQ and bundle-adjustment matrices only
   for (auto& gen : gens) {
+    // --slab: the two tall least-squares matrices (where jax_ops.sparse.slab_model says yes) and the
+    // bundle-adjustment matrix (where it says no), Ax and ATu by the dispatched plan and cuSPARSE, then ATu by
+    // the library's slab kernels. Without --slab every matrix runs and those three get the slab run too.
     const Csr a = gen();
+    const bool slabs = a.name.rfind("lsq", 0) == 0 || a.name.rfind("bundle", 0) == 0;
+    if (slab_only && !slabs) continue;
     const Csr t = Transpose(a);
     DevCsr da = Upload(a);
     RunCase(a, nullptr, "Ax", handle, sms, quick);
     RunCase(t, &da, "ATu", handle, sms, quick);
-    if (a.name.rfind("power-law", 0) == 0) SpmmSplitCompare(a, sms);
+    if (a.name.rfind("power-law", 0) == 0 && !slab_only) SpmmSplitCompare(a, sms);
     Free(da);
+    if (slabs) SlabRun(a, t, sms, g_summary[g_summary.size() - 2], g_summary.back());
   }
   std::printf("\n%-20s %-4s %-32s %9s %9s %9s %7s %7s %7s\n", "matrix", "op", "plan", "ours us", "cuSP us", "best us",
               "GB/s", "xcuSP", "xbest");
@@ -992,6 +1223,15 @@ int main(int argc, char** argv) {
   if (nax)
     std::printf("Ax geomean vs cuSPARSE default %.2f, vs best cuSPARSE %.2f\n", std::exp(lg / nax),
                 std::exp(lgb / nax));
+  if (!g_slab.empty()) {
+    std::printf(
+        "\nATu by column slabs (library kernels, library config) vs CSR(A^T):\n%-22s %8s %9s %9s %9s %8s %8s "
+        "%9s  %s\n",
+        "matrix", "Ax us", "ATu us", "cuSP ATu", "slab us", "xATu", "xcuSP", "slab/Ax", "plan");
+    for (auto& s : g_slab)
+      std::printf("%-22s %8.1f %9.1f %9.1f %9.1f %8.2f %8.2f %9.2f  %s\n", s.name.c_str(), s.ax, s.atu, s.cusp_atu,
+                  s.slab_us, s.atu / s.slab_us, s.cusp_atu / s.slab_us, s.slab_us / s.ax, s.plan.c_str());
+  }
   if (g_csv) std::fclose(g_csv);
   return fails ? 1 : 0;
 }

@@ -189,7 +189,8 @@ def run(ctx) -> list[dict]:
             A = jsparse.BCSR(
                 (jnp.asarray(vals, dtype), jnp.asarray(indices), jnp.asarray(indptr)), shape=(m, k)
             )
-            t_build = time_call(lambda A=A: sparse.csr_pair(A).values_t, min_seconds=0.0, repeats=3)
+            # the whole pair: CSR(Aᵀ), the host profiles and, where the predicate says so, the column slabs
+            t_build = time_call(lambda A=A: sparse.csr_pair(A), min_seconds=0.0, repeats=3)
             t_transpose = time_call(
                 lambda A=A, m=m, k=k: sparse._transpose_csr(A.indptr, A.indices, A.data, m, k),
                 min_seconds=0.0,
@@ -203,12 +204,18 @@ def run(ctx) -> list[dict]:
                     **base,
                     "op": "build",
                     "N": 0,
-                    "impl": "jax_ops CSRPair build (incl. host profile)",
+                    "impl": "jax_ops CSRPair build (incl. host profile and column slabs)",
                     "time_us": t_build * 1e6,
                     "note": f"transpose sort alone {t_transpose * 1e6:.0f} us; "
                     f"generation {gen_s:.1f} s; profile avg={prof.avg:.1f} p95={prof.p95:.0f} "
                     f"max={prof.max} cv={prof.cv:.2f}; plan {pair.plan.algorithm}/{pair.plan.group}, "
-                    f"plan_t {pair.plan_t.algorithm}/{pair.plan_t.group}",
+                    f"plan_t {pair.plan_t.algorithm}/{pair.plan_t.group}; "
+                    + (
+                        f"ATu by column slabs J={pair.slabs_t.plan.slabs} W={pair.slabs_t.plan.width} "
+                        f"G={pair.slabs_t.plan.group}"
+                        if pair.slabs_t is not None
+                        else "no column slabs"
+                    ),
                 }
             )
             ops = [("Ax", None), ("ATu", None)] + ([("AB", n) for n in ns] if dtype == jnp.float32 else [])
@@ -255,7 +262,10 @@ def _bench_op(ctx, base, op, n, dtype, itemsize, A, pair, indptr, indices, vals,
         prod = (lambda p, v: p.matvec(v)) if n is None else (lambda p, v: p.matmat(v))
     times["jax_ops"] = _time_jax(prod, x, pair, quick=quick)
     temp = compiled_temp_bytes(prod, pair, x)
-    notes["jax_ops"] = f"plan {(pair.plan_t if transpose else pair.plan).algorithm}; temp {temp} B"
+    plan = (pair.plan_t if transpose else pair.plan).algorithm
+    if transpose and n is None and pair.slabs_t is not None:
+        plan = f"column slabs G={pair.slabs_t.plan.group}"
+    notes["jax_ops"] = f"plan {plan}; temp {temp} B"
 
     # jax.experimental.sparse BCSR (default lowering)
     if not transpose:
