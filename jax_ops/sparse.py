@@ -582,6 +582,35 @@ def _ffi_spmm(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr, 
     return res
 
 
+def _map_batch(core, axis_size, args, in_batched):
+    """vmap with a batched matrix: one kernel call per batch element (not a hot path, documented)."""
+    full = tuple(a if bt else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, bt in zip(args, in_batched))
+    return lax.map(lambda xs: core(*xs), full)
+
+
+def _fold_batch(v, m, b2, alpha, beta, y, batched):
+    """vmap over (b2 [k, n], alpha [n], beta [n], y [m, n] or [0]) folded into v·n SpMM columns."""
+
+    def full(x, is_batched):
+        return x if is_batched else jnp.broadcast_to(x, (v, *x.shape))
+
+    k, n = b2.shape[-2], b2.shape[-1]
+    bf = jnp.moveaxis(full(b2, batched[0]), 0, 1).reshape(k, v * n)
+    af = full(alpha, batched[1]).reshape(v * n)
+    betaf = full(beta, batched[2]).reshape(v * n)
+    if y.size == 0:
+        yf = jnp.zeros((0,), y.dtype)
+    else:
+        yf = jnp.moveaxis(full(y, batched[3]), 0, 1).reshape(m, v * n)
+    return bf, af, betaf, yf
+
+
+def _unfold_batch(out, v):
+    """[m, v·n] SpMM columns back to the batch [v, m, n]."""
+    m, vn = out.shape
+    return jnp.moveaxis(out.reshape(m, v, vn // v), 1, 0)
+
+
 @functools.cache
 def _core(plan: Plan, implementation: str | None):
     """``out[M, N] = alpha * (A @ b2) + beta * y`` as a custom_vmap'd kernel call (vmap folds into N)."""
@@ -596,27 +625,10 @@ def _core(plan: Plan, implementation: str | None):
     def _rule(axis_size, in_batched, indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr):
         args = (indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr)
         if any(in_batched[i] for i in (0, 1, 2, 7, 8)):
-            # A batch of matrices: not a hot path (documented); one kernel call per matrix.
-            full = tuple(
-                a if bt else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, bt in zip(args, in_batched)
-            )
-            return lax.map(lambda xs: core(*xs), full), True
-        v = axis_size
-        k, n = b2.shape[-2], b2.shape[-1]
-        m = indptr.shape[0] - 1
-
-        def full(x, batched):
-            return x if batched else jnp.broadcast_to(x, (v, *x.shape))
-
-        bf = jnp.moveaxis(full(b2, in_batched[3]), 0, 1).reshape(k, v * n)
-        af = full(alpha, in_batched[4]).reshape(v * n)
-        betaf = full(beta, in_batched[5]).reshape(v * n)
-        if y.size == 0:
-            yf = jnp.zeros((0,), values.dtype)
-        else:
-            yf = jnp.moveaxis(full(y, in_batched[6]), 0, 1).reshape(m, v * n)
+            return _map_batch(core, axis_size, args, in_batched), True
+        bf, af, betaf, yf = _fold_batch(axis_size, indptr.shape[0] - 1, b2, alpha, beta, y, in_batched[3:7])
         out = core(indptr, indices, values, bf, af, betaf, yf, long_rows, long_ptr)
-        return jnp.moveaxis(out.reshape(m, v, n), 1, 0), True
+        return _unfold_batch(out, axis_size), True
 
     return core
 
@@ -663,25 +675,10 @@ def _slab_core(slab: SlabPlan, plan: Plan, implementation: str | None):
     def _rule(axis_size, in_batched, *args):
         indptr, indices, values, long_rows, long_ptr, ptr, col, val, work, b2, alpha, beta, y = args
         if any(in_batched[:9]):
-            full = tuple(
-                a if bt else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, bt in zip(args, in_batched)
-            )
-            return lax.map(lambda xs: core(*xs), full), True
-        v, n = axis_size, b2.shape[-1]
-        k, m = b2.shape[-2], indptr.shape[0] - 1
-
-        def full(x, batched):
-            return x if batched else jnp.broadcast_to(x, (v, *x.shape))
-
-        bf = jnp.moveaxis(full(b2, in_batched[9]), 0, 1).reshape(k, v * n)
-        af = full(alpha, in_batched[10]).reshape(v * n)
-        betaf = full(beta, in_batched[11]).reshape(v * n)
-        if y.size == 0:
-            yf = jnp.zeros((0,), values.dtype)
-        else:
-            yf = jnp.moveaxis(full(y, in_batched[12]), 0, 1).reshape(m, v * n)
+            return _map_batch(core, axis_size, args, in_batched), True
+        bf, af, betaf, yf = _fold_batch(axis_size, indptr.shape[0] - 1, b2, alpha, beta, y, in_batched[9:13])
         out = core(indptr, indices, values, long_rows, long_ptr, ptr, col, val, work, bf, af, betaf, yf)
-        return jnp.moveaxis(out.reshape(m, v, n), 1, 0), True
+        return _unfold_batch(out, axis_size), True
 
     return core
 
