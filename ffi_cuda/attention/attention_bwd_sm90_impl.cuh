@@ -738,6 +738,24 @@ __global__ void __launch_bounds__(384, 1)
 
 namespace sm90 {
 
+// A launch configuration with thread-block clusters of (kCluster, 1, 1); *attr backs cfg.attrs (keep it alive).
+template <int kCluster>
+cudaLaunchConfig_t ClusterConfig(dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
+                                 cudaLaunchAttribute* attr) {
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = kCluster;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem_bytes;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 // The dK/dV launch: a plain one for kCluster = 1, else clusters of (kCluster, 1, 1) along the key blocks.
 template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster>
 cudaError_t LaunchDkDv(cudaStream_t stream, dim3 grid, const AttentionParams& p, const FwdPointers& ptr,
@@ -749,18 +767,8 @@ cudaError_t LaunchDkDv(cudaStream_t stream, dim3 grid, const AttentionParams& p,
     return cudaGetLastError();
   } else {
     grid.x *= kCluster;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kCluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(Tr::kThreads);
-    cfg.dynamicSmemBytes = Tr::kSmemBytes;
-    cfg.stream = stream;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = ClusterConfig<kCluster>(grid, Tr::kThreads, Tr::kSmemBytes, stream, &attr);
     const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p, ptr, bp, maps);
     return err != cudaSuccess ? err : cudaGetLastError();
   }
@@ -779,17 +787,9 @@ int DkDvActiveClusters() {
     cudaGetLastError();  // not sticky; clear it
     return 0;
   }
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kCluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(kCluster * std::max(sms, 1));
-  cfg.blockDim = dim3(Tr::kThreads);
-  cfg.dynamicSmemBytes = Tr::kSmemBytes;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg =
+      ClusterConfig<kCluster>(dim3(kCluster * std::max(sms, 1)), Tr::kThreads, Tr::kSmemBytes, nullptr, &attr);
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
     cudaGetLastError();
