@@ -22,14 +22,14 @@ __device__ __forceinline__ int32_t LdStream(const int32_t* p) { return __ldcs(p)
 // G lanes per row, up to kR of a lane's entries kept in registers between the dot and the scatter (longer rows
 // re-read the rest). kVSmem: v staged in shared memory (else gathered through L1).
 template <int G, int kR, bool kVSmem>
-__global__ void __launch_bounds__(1024) PassKernel(const int32_t* __restrict__ indptr, const int32_t* __restrict__ cols,
-                                                   const float* __restrict__ vals, int64_t m, int64_t n,
-                                                   const float* __restrict__ v, const float* __restrict__ u,
-                                                   const float* __restrict__ c_u, float* __restrict__ u_out,
-                                                   float* __restrict__ partial, double* __restrict__ ss_partial) {
+__global__ void __launch_bounds__(1024)
+    PassKernel(const int32_t* __restrict__ indptr, const int32_t* __restrict__ cols, const float* __restrict__ vals,
+               int64_t m, int64_t n, const float* __restrict__ v, const float* __restrict__ u,
+               const float* __restrict__ c_u, float* __restrict__ u_out, float* __restrict__ partial,
+               double* __restrict__ ss_partial) {
   extern __shared__ float smem[];
-  float* acc = smem;                         // n: this CTA's share of A^T u'
-  float* sv = kVSmem ? smem + n : nullptr;   // n: v
+  float* acc = smem;                        // n: this CTA's share of A^T u'
+  float* sv = kVSmem ? smem + n : nullptr;  // n: v
   __shared__ double ss_warp[32];
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
     acc[j] = 0.f;
@@ -91,8 +91,8 @@ __global__ void __launch_bounds__(1024) PassKernel(const int32_t* __restrict__ i
 }
 
 // w[j] = sum over parts p (fixed order) of partial[p][j]. Block (32, 8): 32 columns, 8 slices of the parts.
-__global__ void __launch_bounds__(256) ReduceKernel(const float* __restrict__ partial, int parts, int64_t n,
-                                                    float* __restrict__ w) {
+__global__ void __launch_bounds__(256)
+    ReduceKernel(const float* __restrict__ partial, int parts, int64_t n, float* __restrict__ w) {
   __shared__ float s[8][33];
   const int64_t j = blockIdx.x * int64_t{32} + threadIdx.x;
   float t = 0.f;
@@ -124,7 +124,7 @@ cudaError_t LaunchPass(const PassArgs& a, cudaStream_t stream, int threads = 102
                                        static_cast<int>(smem));
   if (e != cudaSuccess) return e;
   PassKernel<G, kR, kVSmem><<<a.grid, threads, smem, stream>>>(a.indptr, a.cols, a.vals, a.m, a.n, a.v, a.u, a.c_u,
-                                                              a.u_out, a.partial, a.ss_partial);
+                                                               a.u_out, a.partial, a.ss_partial);
   ReduceKernel<<<static_cast<unsigned>((a.n + 31) / 32), dim3(32, 8), 0, stream>>>(a.partial, a.grid, a.n, a.w);
   return cudaGetLastError();
 }

@@ -899,8 +899,8 @@ static int LsmrPassCompare(const Csr& a, const Csr& t, int sms) {
   };
   std::printf("\n== lsmr pass %s: M=%lld N=%lld nnz=%lld\n", a.name.c_str(), (long long)m, (long long)n,
               (long long)a.nnz());
-  const double base = run("two sweeps (Ax G=" + std::to_string(ax.group) + ", ATu G=" + std::to_string(atu.group) + ")",
-                          pair);
+  const double base =
+      run("two sweeps (Ax G=" + std::to_string(ax.group) + ", ATu G=" + std::to_string(atu.group) + ")", pair);
   using jax_ops::lsmr_pass::LaunchPass;
   using jax_ops::lsmr_pass::PassArgs;
   struct Variant {
