@@ -11,6 +11,8 @@
 // build is /work/main/.devbin/c3/spmv_bench, same line)
 // Usage: spmv_bench [--small] [--quick] [--slab] [--lsmr-pass] [--csv FILE]
 //   --lsmr-pass: LSMR's two sweeps vs the one-pass experiment (tools/lsmr_pass.cuh) on the LSQ matrices.
+//   --lsmr-ba: the full parameter sweep (split chunks 64/128/256 included) on LSMR's ba-like Jacobian, whose CSR(Aᵀ)
+//            mixes ~500-entry camera rows with ~5-entry point rows (the profile rule picks vector G = 4 there).
 //   --small: only the small every-path correctness checks (all dtypes, N = 1 and SpMM, the slab kernels' ragged
 //            cases), e.g. under compute-sanitizer; --quick: no parameter sweeps, only the dispatched plan and
 //            cuSPARSE; --slab: the slab kernels' ragged checks, then the two LSQ matrices (slab predicate: yes) and
@@ -143,10 +145,10 @@ static Csr Lsq(int64_t m, int64_t k, double avg, uint64_t seed = 3) {
   return FromLens("lsq " + std::to_string(m) + "x" + std::to_string(k), m, k, lens, rng, false);
 }
 
-static Csr BundleAdjustment(int64_t n_obs, int64_t n_cams, int64_t n_pts) {
+static Csr BundleAdjustment(int64_t n_obs, int64_t n_cams, int64_t n_pts, std::string name = "bundle-adj 1M obs") {
   Rng rng(4);
   Csr a;
-  a.name = "bundle-adj 1M obs";
+  a.name = std::move(name);
   a.m = 2 * n_obs, a.k = n_cams * 9 + n_pts * 3;
   a.indptr.resize(a.m + 1);
   a.indices.resize(a.m * 12);
@@ -502,6 +504,7 @@ static Result Cusparse(Case& c, cusparseHandle_t h, cusparseOperation_t op, cusp
 }
 
 static FILE* g_csv = nullptr;
+static bool g_sweep_split = false;  // --lsmr-ba: the parameter sweep also tries split chunks on every matrix
 
 static void Print(const Case& c, const char* op, const Result& r, double ref_us) {
   const double gbps = c.bytes / (r.us * 1e-6) / 1e9;
@@ -591,7 +594,9 @@ static void RunCase(const Csr& mat, const DevCsr* csr_a, const char* op, cuspars
     std::vector<Result> sweep;
     const int g0 = VectorGroup(p.avg);
     const bool long_rows = p.max > std::max(2048.0, 32 * p.avg);
-    std::vector<int64_t> chunks = long_rows ? std::vector<int64_t>{128, 256, 512} : std::vector<int64_t>{0};
+    std::vector<int64_t> chunks = long_rows       ? std::vector<int64_t>{128, 256, 512}
+                                  : g_sweep_split ? std::vector<int64_t>{0, 64, 128, 256}
+                                                  : std::vector<int64_t>{0};
     for (int64_t chunk : chunks) {
       if (chunk) SetSplit(c, chunk);
       const std::vector<int> gs =
@@ -1145,6 +1150,7 @@ int main(int argc, char** argv) {
   bool small_only = false, quick = false, slab_only = false, lsmr_pass = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--lsmr-pass")) lsmr_pass = true;
+    if (!std::strcmp(argv[i], "--lsmr-ba")) g_sweep_split = true;
     if (!std::strcmp(argv[i], "--small")) small_only = true;
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--slab")) slab_only = quick = true;
@@ -1194,6 +1200,8 @@ int main(int argc, char** argv) {
       [] { return BundleAdjustment(1000000, 20000, 250000); },
   };
   if (slab_only) gens.erase(gens.begin(), gens.begin() + 4);  // the LSQ and bundle-adjustment matrices only
+  if (g_sweep_split)  // the ba-like matrix of jax_ops/bench/lsmr.py (500k observations, 2000 cameras, 200k points)
+    gens = {[] { return BundleAdjustment(500000, 2000, 200000, "bundle-adj lsmr ba-like"); }};
   for (auto& gen : gens) {
     // --slab: the two tall least-squares matrices (where jax_ops.sparse.slab_model says yes) and the
     // bundle-adjustment matrix (where it says no), Ax and ATu by the dispatched plan and cuSPARSE, then ATu by
