@@ -287,6 +287,28 @@ _L1_BYTES = 128 * 1024  # a u this small is gathered from L1 by the CSR kernel: 
 _HBM_BPS, _L2_BPS, _SECTORS_PER_S = 3.5e12, 8e12, 140e9  # H200, measured (docs/sparse.md)
 
 
+# Largest dynamic shared memory one block may opt into, by compute capability (CUDA C++ Programming Guide); other
+# GPUs are taken to have the 99 KB of the sm_86/89/120 parts, less than SLAB_SMEM_BYTES.
+_SMEM_OPTIN_BY_CC = {(8, 0): 163 * 1024, (8, 7): 163 * 1024, (9, 0): 227 * 1024, (10, 0): 227 * 1024}
+_SMEM_OPTIN_OTHER = 99 * 1024
+
+
+def _slabs_fit_device() -> bool:
+    """Whether the first visible GPU can run the slab kernel's SLAB_SMEM_BYTES per block (True without a GPU: the
+    CPU twin takes any width). The predicate uses it, so ``slabs=None`` never builds slabs a GPU would refuse."""
+    try:
+        for d in jax.devices():
+            if d.platform == "gpu":
+                try:
+                    major, minor = (int(x) for x in str(d.compute_capability).split(".")[:2])
+                except (AttributeError, TypeError, ValueError):
+                    return False
+                return _SMEM_OPTIN_BY_CC.get((major, minor), _SMEM_OPTIN_OTHER) >= SLAB_SMEM_BYTES
+    except RuntimeError:
+        pass
+    return True
+
+
 def _sm_count() -> int:
     try:
         for d in jax.devices():
@@ -707,11 +729,14 @@ def _sampled(indptr, indices, g, b2, k):
     return jnp.where(valid, s, 0)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _apply(st: _Static, a_arrays, t_arrays, values, t_values, slabs, b2, alpha, beta, y):
+def _uses_slabs(st: _Static, slabs, b2) -> bool:
+    """Whether the product runs on the column slabs (N = 1 with a pair that holds them, not the XLA path)."""
+    return st.slab is not None and slabs is not None and b2.shape[1] == 1 and st.implementation != "xla"
+
+
+def _product(st: _Static, a_arrays, values, slabs, b2, alpha, beta, y):
     indptr, indices, long_rows, long_ptr = a_arrays
-    if st.slab is not None and slabs is not None and b2.shape[1] == 1 and st.implementation != "xla":
-        # slabs.val is a permutation of `values` made at build time: gradients still go to `values` (below).
+    if _uses_slabs(st, slabs, b2):
         return _slab_core(st.slab, st.plan, st.implementation)(
             indptr,
             indices,
@@ -728,6 +753,25 @@ def _apply(st: _Static, a_arrays, t_arrays, values, t_values, slabs, b2, alpha, 
             y,
         )
     return _core(st.plan, st.implementation)(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr)
+
+
+def _slab_sampled(slabs: Slabs, plan: SlabPlan, ga, b2):
+    """d/d slabs.val of ``ga · (Aᵀ b2)``: entry p of cell (slab s, row r) with local column c gets
+    ga[r] * b2[s·W + c] (0 for the padding past ptr[-1])."""
+    nnz = slabs.val.shape[0]
+    acc = _acc_dtype(ga.dtype)
+    if nnz == 0 or plan.rows == 0 or plan.cols == 0:
+        return jnp.zeros((nnz,), slabs.val.dtype)
+    cell, inside = _row_ids(slabs.ptr, nnz)
+    i = (cell // plan.rows) * plan.width + slabs.col.astype(jnp.int32)
+    valid = inside & (i < plan.cols)
+    g = ga[cell % plan.rows, 0].astype(acc) * b2[jnp.clip(i, 0, plan.cols - 1), 0].astype(acc)
+    return jnp.where(valid, g, 0).astype(slabs.val.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _apply(st: _Static, a_arrays, t_arrays, values, t_values, slabs, b2, alpha, beta, y):
+    return _product(st, a_arrays, values, slabs, b2, alpha, beta, y)
 
 
 def _apply_fwd(st, a_arrays, t_arrays, values, t_values, slabs, b2, alpha, beta, y):
@@ -760,12 +804,16 @@ def _apply_bwd(st, res, g):
         t_indptr, t_indices, tv = _transpose_csr(mono, indices, values, st.m, st.k)
         plan_t, t_lr, t_lp = _make_plan(t_indptr, indices.shape[0], st.k, None, None, None)
         gb = _core(plan_t, st.implementation)(t_indptr, t_indices, tv, ga, ones, ones, empty, t_lr, t_lp)
-    mono = _sanitize_indptr(indptr, indices.shape[0])
-    gv = _sampled(mono, indices, ga, b2, st.k).astype(values.dtype)
+    # d values: on the leaf the product read — slabs.val when it ran on the slabs, else values.
+    g_slabs = jax.tree_util.tree_map(_zero_cotangent, slabs)
+    if _uses_slabs(st, slabs, b2):
+        gv = jnp.zeros_like(values)
+        g_slabs = dataclasses.replace(g_slabs, val=_slab_sampled(slabs, st.slab, ga, b2))
+    else:
+        mono = _sanitize_indptr(indptr, indices.shape[0])
+        gv = _sampled(mono, indices, ga, b2, st.k).astype(values.dtype)
     # d alpha = sum_rows g * (A b2) (recomputed; dead code under jit when alpha is a constant)
-    ab = _core(st.plan, st.implementation)(
-        indptr, indices, values, b2, ones, ones, empty, long_rows, long_ptr
-    )
+    ab = _product(st, a_arrays, values, slabs, b2, ones, ones, empty)
     galpha = jnp.sum(g.astype(acc) * ab.astype(acc), axis=0)
     if y.size:
         gbeta = jnp.sum(g.astype(acc) * y.astype(acc), axis=0)
@@ -779,7 +827,7 @@ def _apply_bwd(st, res, g):
         zero_like(t_arrays),
         gv,
         jnp.zeros_like(t_values),
-        jax.tree_util.tree_map(_zero_cotangent, slabs),
+        g_slabs,
         gb.astype(b2.dtype),
         galpha,
         gbeta,
@@ -868,6 +916,11 @@ class CSRPair:
         for this shape (None; f32/f64 only)."""
         _checks.check_implementation(implementation)
         if isinstance(A, CSRPair):
+            if slabs is not None and slabs != (A.slabs_t is not None):
+                raise ValueError(
+                    f"slabs={slabs} for a CSRPair built {'with' if A.slabs_t is not None else 'without'} slabs: "
+                    "build the pair from the matrix (BCSR/BCOO/scipy) with the slabs option instead"
+                )
             return A
         indptr, indices, values, m, k, _ = _as_csr(A)
         nnz = int(indices.shape[0])
@@ -887,7 +940,7 @@ class CSRPair:
                 f"slabs=True needs float32 or float64 values, got {np.dtype(values.dtype)} (half types use CSR(Aᵀ))"
             )
         if slabs is None:
-            slabs = slab_ok and slab_model(k, m, nnz, itemsize).use
+            slabs = slab_ok and _slabs_fit_device() and slab_model(k, m, nnz, itemsize).use
         # (an empty A has nothing to gather: slabs=True builds none)
         slabs_t = _build_slabs(indptr, indices, values, m, k) if slabs and m > 0 and k > 0 else None
         return cls(

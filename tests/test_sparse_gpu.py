@@ -263,6 +263,18 @@ def test_small_slabs_ragged(dtype, monkeypatch):
         assert _rel(outs["gpu", True], outs["gpu", False]) < TOL[dtype]
 
 
+def test_small_slab_width_shrinks_then_grows():
+    # The slab kernel's shared memory follows W (one instantiation here: G = 32). A call with a smaller W after a
+    # larger one must not lower the kernel's opt-in under the larger one's next launch (SetDynamicSmemOnce keeps
+    # the largest size per device and kernel).
+    for m in (28_000, 5_000, 28_000):
+        a = sp.random(m, 40, density=0.1, format="csr", random_state=m, dtype=np.float64)
+        pair = sparse.csr_pair(_bcsr(a, np.float32, _gpu()), slabs=True)
+        assert pair.slabs_t.plan.group == 32 and pair.slabs_t.plan.slabs == 1, pair.slabs_t.plan
+        u, u64 = _dense_in((m,), np.float32, _gpu())
+        assert _rel(pair.rmatvec(u), _rounded(a, np.float32).T @ u64) < TOL[np.float32]
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_slabs_vs_csr_lsq(dtype):
     # The 306136 x 6177 LSQ matrix of the bench (~18/row): the predicate picks slabs; slabs vs CSR(Aᵀ) vs float64,

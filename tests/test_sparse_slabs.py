@@ -1,6 +1,8 @@
 """Column-slab Aᵀu (CSRPair.rmatvec with slabs) on the CPU twin: forced slabs vs a float64 NumPy reference on
 ragged shapes, the slab format and work list, BCOO padding/duplicates, jit/grad/vmap, and the predicate."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import jax.test_util  # noqa: F401  (check_grads)
@@ -10,6 +12,8 @@ import scipy.sparse as sp
 from jax.experimental import sparse as jsparse
 
 from jax_ops import sparse
+
+SLAB_TARGET = "jax_ops_sparse_slab_spmv"
 
 TOL = {np.float32: 1e-5, np.float64: 1e-12}
 
@@ -199,15 +203,32 @@ def test_jit_grad_vmap_with_slabs(x64, width):
     )
     for g, r in zip(g_slab, g_ref):
         np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
-    # value gradients arrive on values_t, as without slabs
+    assert SLAB_TARGET in str(jax.make_jaxpr(slab.rmatvec)(u))
+    assert SLAB_TARGET not in str(jax.make_jaxpr(plain.rmatvec)(u))
+    # value gradients arrive on the leaf the product read: slabs_t.val (values_t gets none), entry by entry
+    # d/d a_ic sum((Aᵀu)²) = 2 (Aᵀu)_c u_i, and they are the gradient of the function of that leaf
     gp = jax.grad(lambda p: jnp.sum(p.rmatvec(u) ** 2), allow_int=True)(slab)
-    gq = jax.grad(lambda p: jnp.sum(p.rmatvec(u) ** 2), allow_int=True)(plain)
-    np.testing.assert_allclose(gp.values_t, gq.values_t, rtol=1e-10)
-    assert not np.any(np.asarray(gp.slabs_t.val))
+    assert not np.any(np.asarray(gp.values_t))
+    sl = slab.slabs_t
+    ptr, col = np.asarray(sl.ptr), np.asarray(sl.col).astype(np.int64)
+    pos = np.arange(col.size)
+    cell = np.searchsorted(ptr, pos, side="right") - 1
+    un, atu = np.asarray(u), np.asarray(d.T @ u)
+    i = (cell // sl.plan.rows) * sl.plan.width + col
+    live = pos < ptr[-1]
+    expected = np.where(live, 2 * atu[cell % sl.plan.rows] * un[np.where(live, i, 0)], 0)
+    np.testing.assert_allclose(gp.slabs_t.val, expected, rtol=1e-10, atol=1e-12)
+
+    def of_slab_values(val):
+        p = dataclasses.replace(slab, slabs_t=dataclasses.replace(sl, val=val))
+        return jnp.sum(p.rmatvec(u) ** 2)
+
+    jax.test_util.check_grads(of_slab_values, (sl.val,), order=1, modes=("rev",))
     # vmap over u folds into the CSR(Aᵀ) SpMM; a batch of one stays on slabs
     U = jnp.asarray(rng.standard_normal((3, 450)))
     np.testing.assert_allclose(jax.vmap(slab.rmatvec)(U), (d.T @ U.T).T, rtol=1e-10)
     np.testing.assert_allclose(jax.vmap(slab.rmatvec)(U[:1]), (d.T @ U[:1].T).T, rtol=1e-10)
+    assert SLAB_TARGET in str(jax.make_jaxpr(jax.vmap(slab.rmatvec))(U[:1]))
     np.testing.assert_allclose(slab.rmatmat(U.T), d.T @ U.T, rtol=1e-10)
     # .T swaps the roles: (Aᵀ).matvec uses the slabs
     np.testing.assert_allclose(slab.T.matvec(u), d.T @ u, rtol=1e-10)
@@ -232,6 +253,22 @@ def test_slab_errors_and_half_types():
     with pytest.raises(ValueError, match="slabs=True needs float32 or float64"):
         sparse.csr_pair(_bcsr(a, np.float16), slabs=True)
     assert sparse.csr_pair(_bcsr(a, jnp.bfloat16)).slabs_t is None
+    # an existing pair is returned as built; asking it for the other slab choice is an error, not a no-op
+    pair = sparse.csr_pair(_bcsr(a, np.float32), slabs=False)
+    assert sparse.CSRPair.from_matrix(pair) is pair and sparse.CSRPair.from_matrix(pair, slabs=False) is pair
+    with pytest.raises(ValueError, match="slabs=True for a CSRPair built without slabs"):
+        sparse.CSRPair.from_matrix(pair, slabs=True)
+
+
+@pytest.mark.parametrize(
+    "cc,fits", [("9.0", True), ("8.0", True), ("10.0", True), ("8.6", False), ("8.9", False)]
+)
+def test_predicate_only_where_the_gpu_fits_a_slab(cc, fits, monkeypatch):
+    # W is sized for SLAB_SMEM_BYTES per block; GPUs with a smaller per-block opt-in (sm_86/89: 99 KB) would refuse
+    # the launch, so slabs=None must not build slabs for them.
+    gpu = type("FakeGpu", (), {"platform": "gpu", "compute_capability": cc})()
+    monkeypatch.setattr(jax, "devices", lambda *a, **k: [gpu])
+    assert sparse._slabs_fit_device() is fits
 
 
 @pytest.mark.parametrize(
@@ -312,7 +349,7 @@ def test_lsmr_with_slabs(width):
     slab = sparse.csr_pair(_bcsr(a, np.float32), slabs=True)
     plain = sparse.csr_pair(_bcsr(a, np.float32), slabs=False)
     jaxpr = str(jax.make_jaxpr(lambda p, b: lsmr(p, b, maxiter=5).x)(slab, b))
-    assert "jax_ops_sparse_slab_spmv" in jaxpr
+    assert SLAB_TARGET in jaxpr
     xs = lsmr(slab, b, atol=1e-7, btol=1e-7).x
     xp = lsmr(plain, b, atol=1e-7, btol=1e-7).x
     xr = np.linalg.lstsq(a.toarray(), np.asarray(b, np.float64), rcond=None)[0]

@@ -775,7 +775,8 @@ cudaError_t LaunchDkDv(cudaStream_t stream, dim3 grid, const AttentionParams& p,
 }
 
 // How many clusters of the dK/dV kernel fit on the current device at once (0: none, e.g. a GPU partition without
-// enough SMs in one GPC). Opts the kernel into its shared memory on this device first (the query needs it).
+// enough SMs in one GPC; -1: the query failed). Opts the kernel into its shared memory on this device first (the
+// query needs it).
 template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster>
 int DkDvActiveClusters() {
   using Tr = DkDvTraits<kHeadDim, kStages>;
@@ -785,7 +786,7 @@ int DkDvActiveClusters() {
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
       SetDynamicSmemOnce(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes) != cudaSuccess) {
     cudaGetLastError();  // not sticky; clear it
-    return 0;
+    return -1;
   }
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg =
@@ -793,13 +794,14 @@ int DkDvActiveClusters() {
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
     cudaGetLastError();
-    return 0;
+    return -1;
   }
   return clusters;
 }
 
 // Whether any cluster of the dK/dV kernel fits on the current device (DkDvActiveClusters > 0), asked once per
-// device and instantiation (the answer depends on the device, e.g. a MIG slice). Thread-safe.
+// device and instantiation (the answer depends on the device, e.g. a MIG slice); a failed query answers "no" for
+// this call only and is asked again next time. Thread-safe.
 template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster>
 bool DkDvClustersFit() {
   static std::mutex mu;
@@ -812,9 +814,10 @@ bool DkDvClustersFit() {
   std::lock_guard<std::mutex> lock(mu);
   const auto it = fits.find(dev);
   if (it != fits.end()) return it->second;
-  const bool fit = DkDvActiveClusters<T, kHeadDim, kStages, kDvEarly, kPingPong, kCluster>() > 0;
-  fits.emplace(dev, fit);
-  return fit;
+  const int clusters = DkDvActiveClusters<T, kHeadDim, kStages, kDvEarly, kPingPong, kCluster>();
+  if (clusters < 0) return false;
+  fits.emplace(dev, clusters > 0);
+  return clusters > 0;
 }
 
 }  // namespace sm90

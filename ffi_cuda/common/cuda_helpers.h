@@ -4,8 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
 #include <mutex>
-#include <set>
 #include <string>
 #include <utility>
 
@@ -40,25 +40,28 @@ struct DeviceProps {
 // Properties of the current device, read once per device (thread-safe).
 ffi::ErrorOr<const DeviceProps*> CurrentDeviceProps();
 
-// Opts `kernel` into `bytes` of dynamic shared memory on the current device, once per (device, kernel, bytes).
-// The attribute belongs to the device's context: a process that drives several GPUs (one JAX process per host)
-// must set it on each, so a process-wide "once" would fail the launches on every device but the first.
+// Opts `kernel` into at least `bytes` of dynamic shared memory on the current device. The attribute belongs to the
+// device's context: a process that drives several GPUs (one JAX process per host) must set it on each, so a
+// process-wide "once" would fail the launches on every device but the first. It is one value per kernel, so the
+// largest size asked for so far on each device is kept: a smaller request after a larger one changes nothing (a
+// kernel whose size varies per call, like the slab SpMV, must never lower it under another call's launch).
 // Thread-safe; inline (function-local statics are shared across translation units) so the standalone tools in
 // ffi_cuda/tools link without the CUDA module. `max_shared_carveout` also asks for the largest shared-memory
-// carveout (for kernels that need several CTAs' large shared memory on one SM; a hint, set once with the rest).
+// carveout (for kernels that need several CTAs' large shared memory on one SM; a hint, set with the size).
 inline cudaError_t SetDynamicSmemOnce(const void* kernel, int bytes, bool max_shared_carveout = false) {
   static std::mutex mu;
-  static std::set<std::pair<std::pair<int, const void*>, int>> done;
+  static std::map<std::pair<int, const void*>, int> largest;  // (device, kernel) -> bytes set
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(std::make_pair(device, kernel), bytes);
-  if (done.count(key)) return cudaSuccess;
+  const auto key = std::make_pair(device, kernel);
+  const auto it = largest.find(key);
+  if (it != largest.end() && it->second >= bytes) return cudaSuccess;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err == cudaSuccess && max_shared_carveout)
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-  if (err == cudaSuccess) done.insert(key);
+  if (err == cudaSuccess) largest[key] = bytes;
   return err;
 }
 
