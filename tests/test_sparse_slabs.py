@@ -117,6 +117,7 @@ def test_forced_slabs_vs_reference(case, dtype, width):
         _check_format(pair, a.astype(np.float64))
         rng = np.random.default_rng(5)
         u = rng.standard_normal(m)
+        assert SLAB_TARGET in str(jax.make_jaxpr(pair.rmatvec)(jnp.zeros((m,), dtype)))  # no silent CSR path
         y = rng.standard_normal(n)
         ud, yd = jnp.asarray(u, dtype), jnp.asarray(y, dtype)
         u64 = np.asarray(ud, np.float64)
