@@ -11,8 +11,9 @@
 // build is /work/main/.devbin/c3/spmv_bench, same line)
 // Usage: spmv_bench [--small] [--quick] [--slab] [--lsmr-pass] [--csv FILE]
 //   --lsmr-pass: LSMR's two sweeps vs the one-pass experiment (tools/lsmr_pass.cuh) on the LSQ matrices.
-//   --lsmr-ba: the full parameter sweep (split chunks 64/128/256 included) on LSMR's ba-like Jacobian, whose CSR(Aᵀ)
-//            mixes ~500-entry camera rows with ~5-entry point rows (the profile rule picks vector G = 4 there).
+//   --lsmr-ba: the full parameter sweep (split chunks 64/128/256 included) on LSMR's ba-like Jacobian and the
+//            suite's bundle-adjustment matrix, whose CSR(Aᵀ) mix long camera rows (~500 / ~100 entries) with
+//            short point rows (~5 / ~8); the profile rule picks vector G = 4 for all of them.
 //   --small: only the small every-path correctness checks (all dtypes, N = 1 and SpMM, the slab kernels' ragged
 //            cases), e.g. under compute-sanitizer; --quick: no parameter sweeps, only the dispatched plan and
 //            cuSPARSE; --slab: the slab kernels' ragged checks, then the two LSQ matrices (slab predicate: yes) and
@@ -1201,7 +1202,8 @@ int main(int argc, char** argv) {
   };
   if (slab_only) gens.erase(gens.begin(), gens.begin() + 4);  // the LSQ and bundle-adjustment matrices only
   if (g_sweep_split)  // the ba-like matrix of jax_ops/bench/lsmr.py (500k observations, 2000 cameras, 200k points)
-    gens = {[] { return BundleAdjustment(500000, 2000, 200000, "bundle-adj lsmr ba-like"); }};
+    gens = {[] { return BundleAdjustment(500000, 2000, 200000, "bundle-adj lsmr ba-like"); },
+            [] { return BundleAdjustment(1000000, 20000, 250000); }};
   for (auto& gen : gens) {
     // --slab: the two tall least-squares matrices (where jax_ops.sparse.slab_model says yes) and the
     // bundle-adjustment matrix (where it says no), Ax and ATu by the dispatched plan and cuSPARSE, then ATu by
