@@ -335,6 +335,16 @@ __global__ void FillNormal(T* x, size_t n, uint32_t seed) {
   }
 }
 
+// Random q, k, v, dO (seeds seed, seed+1, seed+2, seed+3).
+template <typename T>
+void FillInputs(const Buffers<T>& b, int seed) {
+  FillNormal<<<1024, 256>>>(b.q, b.nq, seed);
+  FillNormal<<<1024, 256>>>(b.k, b.nk, seed + 1);
+  FillNormal<<<1024, 256>>>(b.v, b.nk, seed + 2);
+  FillNormal<<<1024, 256>>>(b.d_o, b.nq, seed + 3);
+  CHECK(cudaGetLastError());
+}
+
 // One kernel variant on one case, outputs poisoned; prints max abs / rel L2 error of dq, dk, dv.
 template <typename T>
 bool CheckVariant(const Case& c, const HostCase<T>& h, int variant) {
@@ -389,11 +399,7 @@ template <typename T>
 bool CheckDeterministic(const Case& c, int variant, bool quiet_refusal) {
   const AttentionParams p = MakeParams<T>(c);
   Buffers<T> b = Alloc<T>(c);
-  FillNormal<<<1024, 256>>>(b.q, b.nq, 11);
-  FillNormal<<<1024, 256>>>(b.k, b.nk, 12);
-  FillNormal<<<1024, 256>>>(b.v, b.nk, 13);
-  FillNormal<<<1024, 256>>>(b.d_o, b.nq, 14);
-  CHECK(cudaGetLastError());
+  FillInputs(b, 11);
   const cudaError_t fwd_err =
       c.D == 64 ? LaunchAttentionFwd<T, 64>(nullptr, p, Ptrs(b)) : LaunchAttentionFwd<T, 128>(nullptr, p, Ptrs(b));
   CHECK(fwd_err);
@@ -545,11 +551,7 @@ void BenchGqa() {
           const Case c{1, N, N, 32, K, D, causal};
           const AttentionParams p = MakeParams<T>(c);
           Buffers<T> b = Alloc<T>(c);
-          FillNormal<<<1024, 256>>>(b.q, b.nq, 1);
-          FillNormal<<<1024, 256>>>(b.k, b.nk, 2);
-          FillNormal<<<1024, 256>>>(b.v, b.nk, 3);
-          FillNormal<<<1024, 256>>>(b.d_o, b.nq, 4);
-          CHECK(cudaGetLastError());
+          FillInputs(b, 1);
           const cudaError_t fwd_err = D == 64 ? LaunchAttentionFwd<T, 64>(nullptr, p, Ptrs(b))
                                               : LaunchAttentionFwd<T, 128>(nullptr, p, Ptrs(b));
           CHECK(fwd_err);
@@ -583,11 +585,7 @@ void Bench() {
         const Case c{1, N, N, 32, 32, D, causal};
         const AttentionParams p = MakeParams<T>(c);
         Buffers<T> b = Alloc<T>(c);
-        FillNormal<<<1024, 256>>>(b.q, b.nq, 1);
-        FillNormal<<<1024, 256>>>(b.k, b.nk, 2);
-        FillNormal<<<1024, 256>>>(b.v, b.nk, 3);
-        FillNormal<<<1024, 256>>>(b.d_o, b.nq, 4);
-        CHECK(cudaGetLastError());
+        FillInputs(b, 1);
         // o and lse from the (validated) portable forward
         const cudaError_t fwd_err =
             D == 64 ? LaunchAttentionFwd<T, 64>(nullptr, p, Ptrs(b)) : LaunchAttentionFwd<T, 128>(nullptr, p, Ptrs(b));
