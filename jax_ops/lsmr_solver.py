@@ -353,6 +353,35 @@ def _sym_ortho(a, b):
     return c, s, r
 
 
+@dataclasses.dataclass(frozen=True)
+class _LoopConfig:
+    """Static loop structure: ``unroll`` guarded iterations per trip; ``pack_scalars`` carries the scalars as
+    one stacked array (``_pack``). Neither changes the results."""
+
+    unroll: int
+    pack_scalars: bool = True
+
+
+# Private tuning knobs, read by lsmr() at call time (benchmarks flip them; not public API):
+#   pack_scalars: see _LoopConfig.
+#   compiler_options: XLA options (e.g. command buffers, see COMMAND_BUFFER_OPTIONS) for a GPU solve that runs as
+#     its own top-level executable (lsmr called outside any jit); inside a caller's jit they cannot apply (JAX
+#     takes compiler options only on the top-level jit): pass them to that jit instead.
+_TUNING: dict[str, Any] = {"pack_scalars": True, "compiler_options": {}}
+
+# XLA GPU command-buffer (CUDA graph) settings, as compiler_options. A repeated enum flag is given as a comma
+# separated list that *replaces* XLA's default list (FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN; no "+WHILE"
+# syntax there, that is XLA_FLAGS only); "" disables command buffers.
+COMMAND_BUFFER_OPTIONS = {
+    "default": {},
+    "off": {"xla_gpu_enable_command_buffer": ""},
+    # The whole while loop as one graph with a device-side conditional node (no host round trip per trip).
+    "while": {
+        "xla_gpu_enable_command_buffer": "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL",
+        "xla_gpu_graph_min_graph_size": 1,
+    },
+}
+
 _SCALARS = (
     "alpha", "beta", "zetabar", "alphabar", "rho", "rhobar", "cbar", "sbar", "betadd", "betad", "rhodold",
     "tautildeold", "thetatilde", "zeta", "d", "normA2", "maxrbar", "minrbar", "normA", "condA", "normx",
@@ -508,16 +537,39 @@ def _step(spec, leaves, cp, normb, st, implementation):
     return new
 
 
-def _solve_block(spec, has_x0, unroll, implementation, leaves, B, X0, cp):
+def _pack(st):
+    """The loop carry with the scalars stacked: ``sc`` [len(_SCALARS), k] and ``ints`` [2, k] (itn, istop).
+
+    One carried buffer instead of ~25 tiny ones: copy insertion then adds at most a copy or two of [.., k] per
+    loop trip instead of one per scalar (each a separate device copy on a GPU). Stacking is exact, so the
+    floating-point sequence of the recurrence is unchanged.
+    """
+    rest = {key: val for key, val in st.items() if key not in _SCALARS and key not in ("itn", "istop")}
+    return {
+        **rest,
+        "sc": jnp.stack([st[key] for key in _SCALARS]),
+        "ints": jnp.stack([st["itn"], st["istop"]]),
+    }
+
+
+def _unpack(st):
+    rest = {key: val for key, val in st.items() if key not in ("sc", "ints")}
+    return {**rest, **{key: st["sc"][i] for i, key in enumerate(_SCALARS)}, "itn": st["ints"][0],
+            "istop": st["ints"][1]}  # fmt: skip
+
+
+def _solve_block(spec, has_x0, loop, implementation, leaves, B, X0, cp):
     """The block solve: B [k, m] (X0 [k, n]) -> LSMRResult with a leading k."""
     state, normb = _init(spec, leaves, B, X0 if has_x0 else None, cp, implementation)
+    pack, unpack = (_pack, _unpack) if loop.pack_scalars else (lambda st: st, lambda st: st)
 
     def body(st):
-        for _ in range(unroll):
+        st = unpack(st)
+        for _ in range(loop.unroll):
             st = _step(spec, leaves, cp, normb, st, implementation)
-        return st
+        return pack(st)
 
-    state = jax.lax.while_loop(lambda st: ~jnp.all(st["done"]), body, state)
+    state = unpack(jax.lax.while_loop(lambda st: ~jnp.all(st["done"]), body, pack(state)))
     return LSMRResult(
         state["x"], state["istop"], state["itn"], state["normr"], state["normar"], state["normA"],
         state["condA"], state["normx"],
@@ -525,11 +577,11 @@ def _solve_block(spec, has_x0, unroll, implementation, leaves, B, X0, cp):
 
 
 @functools.lru_cache(maxsize=64)
-def _block_solver(spec, has_x0: bool, unroll: int, implementation):
+def _block_solver(spec, has_x0: bool, loop: _LoopConfig, implementation):
     """custom_vjp(custom_vmap(block solve)) for one static configuration; signature (leaves, B, X0, cp)."""
 
     def plain(leaves, B, X0, cp):
-        return _solve_block(spec, has_x0, unroll, implementation, leaves, B, X0, cp)
+        return _solve_block(spec, has_x0, loop, implementation, leaves, B, X0, cp)
 
     solve = jax.custom_batching.custom_vmap(plain)
 
@@ -574,7 +626,7 @@ def _block_solver(spec, has_x0: bool, unroll: int, implementation):
             gx = jnp.zeros(x.shape, x.dtype)
         zero_aux = jnp.zeros_like(cp.aux)
         # b̄ = A (A^T A + damp^2 I)^{-1} g: the damped least-squares solution for A^T with right-hand side g.
-        y = _block_solver(_Transposed(spec), False, unroll, implementation)(
+        y = _block_solver(_Transposed(spec), False, loop, implementation)(
             leaves, gx, None, cp._replace(aux=zero_aux)
         ).x
         gX0 = None if X0 is None else gx - spec.rmv(leaves, y, cp)
@@ -589,7 +641,7 @@ def _block_solver(spec, has_x0: bool, unroll: int, implementation):
                 jnp.concatenate([jnp.zeros_like(y), gx / jnp.where(pos, d, 1)[:, None]], axis=1),
                 jnp.concatenate([y, jnp.zeros_like(gx)], axis=1),
             )
-            w = _block_solver(_Augmented(spec), False, unroll, implementation)(
+            w = _block_solver(_Augmented(spec), False, loop, implementation)(
                 leaves, rhs, None, cp._replace(damp=jnp.zeros_like(d), aux=d)
             ).x
             r = B - spec.mv(leaves, x, cp)
@@ -609,9 +661,28 @@ def _is_primal(x):
     return type(x).__name__ == "CustomVJPPrimal"
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _solve_jit(spec, has_x0, unroll, implementation, leaves, B, X0, cp):
-    return _block_solver(spec, has_x0, unroll, implementation)(leaves, B, X0, cp)
+def _solve(spec, has_x0, loop, implementation, leaves, B, X0, cp):
+    return _block_solver(spec, has_x0, loop, implementation)(leaves, B, X0, cp)
+
+
+_solve_jit = jax.jit(_solve, static_argnums=(0, 1, 2, 3))
+
+
+@functools.lru_cache(maxsize=8)
+def _solve_jit_with(compiler_options: tuple):
+    """The solve jitted with XLA compiler options (only usable as a top-level jit: JAX rejects them on a
+    nested one, so a caller's own jit must carry them instead)."""
+    return jax.jit(_solve, static_argnums=(0, 1, 2, 3), compiler_options=dict(compiler_options))
+
+
+def _at_top_level() -> bool:
+    """True when no jit/vmap/grad trace is active (the solve then is its own top-level executable)."""
+    try:
+        from jax._src import core as _core
+
+        return bool(_core.trace_state_clean())
+    except Exception:  # noqa: BLE001 - private API moved: never attach options
+        return False
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -732,5 +803,10 @@ def lsmr(
         raise ValueError(f"unroll must be >= 1, got {unroll}")
     cp = _ColParams(damp_a, atol_a, btol_a, conlim_a, maxiter_a, jnp.zeros((1,), dtype))
     X0 = None if x0 is None else x0[None]
-    out = _solve_jit(spec, x0 is not None, int(unroll), implementation, leaves, b[None], X0, cp)
+    loop = _LoopConfig(int(unroll), bool(_TUNING["pack_scalars"]))
+    solve_jit = _solve_jit
+    options = _TUNING["compiler_options"]
+    if options and jax.default_backend() == "gpu" and _at_top_level():
+        solve_jit = _solve_jit_with(tuple(sorted(options.items())))
+    out = solve_jit(spec, x0 is not None, loop, implementation, leaves, b[None], X0, cp)
     return jax.tree_util.tree_map(lambda a: a[0], out)

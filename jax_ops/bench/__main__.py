@@ -10,7 +10,7 @@ import time
 
 import jax
 
-from jax_ops.bench import SUITES, Context, measure_ceilings, run_suite
+from jax_ops.bench import EXTRA_SUITES, SUITES, Context, measure_ceilings, run_suite
 
 
 def _fmt(v) -> str:
@@ -73,7 +73,7 @@ def _plot(rows: list[dict], path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jax_ops.bench", description=__doc__)
-    parser.add_argument("suite", choices=[*SUITES, "all"])
+    parser.add_argument("suite", choices=[*SUITES, *EXTRA_SUITES, "all"])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer cases")
     parser.add_argument(
         "--only", action="append", default=[], help="keep the cases whose name contains this (repeatable)"
