@@ -1,6 +1,6 @@
 """GPU tests of the attention kernels: CUDA target vs the CPU twin vs jax.nn (fp32 reference).
 
-Tests with "small" in their name are the compute-sanitizer set (.ci/gpu).
+Tests with "small" in their name are the quick cases (the sanitizer runs the standalone tools: docs/architecture.md).
 """
 
 import jax

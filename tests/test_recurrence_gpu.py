@@ -1,6 +1,6 @@
 """The fused LSMR recurrences on the GPU: CUDA vs the CPU twin vs a float64 reference.
 
-Tests whose name contains `small` form the compute-sanitizer set that `.ci/gpu` runs under memcheck.
+Tests whose name contains `small` are the quick cases.
 """
 
 import jax

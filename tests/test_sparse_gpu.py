@@ -1,7 +1,7 @@
 """jax_ops.sparse on the GPU: CUDA kernels vs the CPU twin vs a float64 reference, every dispatch path, a
 power-law matrix, outputs past 2^31 bytes, and poisoned (NaN-filled, aliased) outputs.
 
-Tests whose name contains `small` form the compute-sanitizer set.
+Tests whose name contains `small` are the quick cases.
 """
 
 import jax

@@ -41,7 +41,7 @@ from jax_ops.bench.hlo_count import while_body_counts
 
 # name -> (unroll, command-buffer preset, extra compiler options, pack_scalars)
 VARIANTS: dict[str, tuple[int, str, dict, bool]] = {}
-for _u in (1, 4, 8):
+for _u in (1, 2, 4, 8):
     for _cb in ("default", "off", "while"):
         VARIANTS[f"u{_u}-{_cb}"] = (_u, _cb, {}, True)
 VARIANTS["u4-default-nopack"] = (4, "default", {}, False)
