@@ -56,8 +56,15 @@ __all__ = [
     "ALGORITHMS",
 ]
 
-ALGORITHMS = ("vector", "warp", "cta", "split", "stream")
-_ALG_CODE = {"vector": 0, "warp": 0, "cta": 1, "split": 2, "stream": 3}
+ALGORITHMS = ("vector", "warp", "cta", "split", "stream", "split1", "segmented")
+_ALG_CODE = {"vector": 0, "warp": 0, "cta": 1, "split": 2, "stream": 3, "split1": 4, "segmented": 5}
+_SPLIT_ALGS = ("split", "split1")  # the long-row protocol (monotone indptr, long-row lists)
+# Segmented (row-class) plan: rows are classified in chunks of DEFAULT_SEGMENT_ROWS rows (each chunk's G from its own
+# average, _vector_group), adjacent chunks with the same G merged into segments.
+DEFAULT_SEGMENT_ROWS = 4096
+# Whether choose_algorithm may pick "segmented" (segmented_applies); off until the H200 numbers exist.
+_AUTO_SEGMENTED = False
+_SEGMENT_MIN_MINORITY = 0.1  # segmented applies when the rows outside the largest G class hold >= 10% of nnz
 # CSR-stream SpMV: products of a block of rows staged in shared memory (must match kStreamCap in spmm_params.h).
 STREAM_CAP = 4096
 _STREAM_ROWS = (8, 256)  # rows per CTA: a power of two in this range
@@ -147,6 +154,57 @@ def choose_algorithm(profile: RowProfile | None, m: int, nnz: int, k: int = 0, i
     return "warp" if profile.avg >= 256 else "vector"
 
 
+def _segment_rows_per_cta(g: int) -> int:
+    """Rows a 256-thread CTA of the row-block kernel covers per step (SegmentRowsPerCta in spmm_params.h)."""
+    return 8 * (32 if g == 1 else 2 * (32 // g))
+
+
+def segments_host(indptr: np.ndarray, rows: int = DEFAULT_SEGMENT_ROWS) -> list[tuple[int, int, int]]:
+    """Row classes of a concrete indptr: chunks of ``rows`` rows, each with G = _vector_group(chunk average),
+    adjacent chunks with equal G merged. Returns [(row begin, row end, G)] covering [0, M) in order."""
+    ip = np.asarray(indptr, np.int64)
+    m = ip.shape[0] - 1
+    if m <= 0:
+        return [(0, 0, 1)]
+    rows = max(1, int(rows))
+    starts = np.arange(0, m, rows)
+    ends = np.minimum(starts + rows, m)
+    avgs = (ip[ends] - ip[starts]) / (ends - starts)
+    segs: list[list[int]] = []
+    for b, e, a in zip(starts.tolist(), ends.tolist(), avgs.tolist()):
+        g = _vector_group(a)
+        if segs and segs[-1][2] == g:
+            segs[-1][1] = e
+        else:
+            segs.append([b, e, g])
+    return [tuple(x) for x in segs]
+
+
+def segmented_applies(indptr: np.ndarray, rows: int = DEFAULT_SEGMENT_ROWS) -> bool:
+    """The segmented plan's rule: the row classes have more than one G and the rows outside the class with the
+    most nnz hold at least _SEGMENT_MIN_MINORITY of the nnz (e.g. CSR(Aᵀ) of a bundle-adjustment Jacobian:
+    camera rows of ~100 entries, G = 8, then point rows of ~8, G = 1; the whole-matrix rule gives G = 4)."""
+    ip = np.asarray(indptr, np.int64)
+    segs = segments_host(ip, rows)
+    if len({g for _, _, g in segs}) < 2:
+        return False
+    per_g: dict[int, int] = {}
+    for b, e, g in segs:
+        per_g[g] = per_g.get(g, 0) + int(ip[e] - ip[b])
+    total = sum(per_g.values())
+    return total > 0 and total - max(per_g.values()) >= _SEGMENT_MIN_MINORITY * total
+
+
+def _segment_table(segs) -> tuple[np.ndarray, np.ndarray, int]:
+    """(table int32[3 S], CTA prefix int32[S + 1], CTAs) of the segmented kernel: one CTA per row-block step."""
+    table = np.asarray([x for seg in segs for x in seg], np.int32)
+    ctas = [max(1, -(-(e - b) // _segment_rows_per_cta(g))) for b, e, g in segs]
+    ptr = np.concatenate([[0], np.cumsum(ctas)]).astype(np.int64)
+    if ptr[-1] > _INT32_MAX:
+        raise ValueError("too many CTAs for the segmented plan")
+    return table, ptr.astype(np.int32), int(ptr[-1])
+
+
 def _stream_rows(indptr, m: int, nnz: int) -> int:
     """Rows per CTA for the stream SpMV: the largest power of two in [8, 256] whose blocks average <= half the
     shared-memory stage and (when indptr is concrete) never exceed it. Blocks that still overflow (traced input)
@@ -169,7 +227,7 @@ def _group_for(algorithm: str, profile: RowProfile | None, m: int, nnz: int) -> 
     if algorithm in ("warp", "cta"):
         return 32
     avg = profile.avg if profile is not None else (nnz / m if m else 0.0)
-    if algorithm == "split":
+    if algorithm in _SPLIT_ALGS:
         # Short rows only (bounded by the chunk): from the p95, twice the uniform-row G, since a power-law's short
         # rows vary widely (measured: G = 8 for the 1M power-law matrix; G = 4 was 7% slower).
         if profile is not None:
@@ -471,9 +529,13 @@ def _build_slabs(indptr, indices, values, m: int, k: int, items: int | None = No
 
 
 # ------------------------------------------------------------------------------------------ long-row lists
-def _long_rows_host(indptr: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, int]:
+def _long_rows_host(
+    indptr: np.ndarray, chunk: int, longest_first: bool = False
+) -> tuple[np.ndarray, np.ndarray, int]:
     lens = np.diff(np.asarray(indptr, np.int64))
     rows = np.nonzero(lens > chunk)[0].astype(np.int32)
+    if longest_first:  # split1: the heaviest rows' units get the first CTAs (stable: ties in row order)
+        rows = rows[np.argsort(-lens[rows], kind="stable")]
     units = -(-lens[rows] // chunk)
     ptr = np.concatenate([[0], np.cumsum(units)]).astype(np.int64)
     if ptr[-1] > _INT32_MAX:
@@ -513,17 +575,25 @@ def _make_plan(
     if algorithm is not None and algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS} or None, got {algorithm!r}")
     alg = algorithm or choose_algorithm(profile, m, nnz, k, itemsize)
+    if algorithm is None and _AUTO_SEGMENTED and alg == "vector" and profile is not None and _is_concrete(indptr):
+        if segmented_applies(np.asarray(indptr), split_chunk or DEFAULT_SEGMENT_ROWS):
+            alg = "segmented"
     group = _group_for(alg, profile, m, nnz)
     if alg == "stream":
         chunk = _stream_rows(indptr, m, nnz)
         return Plan(alg, group, chunk, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
-    if alg != "split":
+    if alg == "segmented":
+        if not _is_concrete(indptr):  # the table needs the concrete indptr: traced input takes the vector plan
+            return Plan("vector", group, 0, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
+        table, ptr, ctas = _segment_table(segments_host(np.asarray(indptr), split_chunk or DEFAULT_SEGMENT_ROWS))
+        return Plan(alg, group, ctas, 0), jnp.asarray(table), jnp.asarray(ptr)
+    if alg not in _SPLIT_ALGS:
         return Plan(alg, group, 0, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
     chunk = int(split_chunk or DEFAULT_SPLIT_CHUNK)
     if chunk < 1:
         raise ValueError(f"split_chunk must be >= 1, got {chunk}")
     if _is_concrete(indptr):
-        rows, ptr, units = _long_rows_host(np.asarray(indptr), chunk)
+        rows, ptr, units = _long_rows_host(np.asarray(indptr), chunk, longest_first=alg == "split1")
         return Plan(alg, group, chunk, units), jnp.asarray(rows), jnp.asarray(ptr)
     rows, ptr, units = _long_rows_traced(indptr, nnz, chunk)
     return Plan(alg, group, chunk, units), rows, ptr
@@ -561,7 +631,7 @@ _SPMM_SPLIT_MAX_WORKSPACE = 1 << 28  # bytes of per-unit partials the split SpMM
 
 def spmm_takes_split(plan: Plan, m: int, nnz: int, n: int, itemsize: int) -> bool:
     """Whether an N-column product with this plan runs as split (see _SPMM_MIN_LANES)."""
-    if n <= 1 or plan.algorithm not in ("vector", "warp", "cta") or m == 0:
+    if n <= 1 or plan.algorithm not in ("vector", "warp", "cta", "segmented") or m == 0:
         return False
     if nnz < 2 * DEFAULT_SPLIT_CHUNK * m:
         return False
@@ -582,7 +652,9 @@ def _ffi_spmm(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr, 
         plan, long_rows, long_ptr = _make_plan(indptr, int(indices.shape[0]), m, None, "split", None)
     acc = _acc_dtype(values.dtype)
     out = jax.ShapeDtypeStruct((m, n), values.dtype)
-    ws = jax.ShapeDtypeStruct((max(plan.units * n, 1),), acc)
+    # split1: the long rows' int32 counters follow the partials (spmm_params.h)
+    counters = int(long_rows.shape[0]) if plan.algorithm == "split1" else 0
+    ws = jax.ShapeDtypeStruct((max(plan.units * n + counters, 1),), acc)
     aliases = {6: 0} if y.size else None
     res, _ = _ffi.ffi_call(
         "jax_ops_sparse_csr_spmm",
@@ -1113,7 +1185,7 @@ def _matmul_sparse_dense(A, B, *, algorithm, split_chunk, implementation, name):
     indptr, indices, values, m, k, _ = _as_csr(A)
     nnz = int(indices.shape[0])
     b2, vec = _dense(name, B, k, values.dtype, what=f"A of shape {(m, k)}")
-    if algorithm == "split" or implementation == "xla":
+    if algorithm in _SPLIT_ALGS or implementation == "xla":
         indptr = _sanitize_indptr(indptr, nnz)
     plan, lr, lp = _make_plan(indptr, nnz, m, None, algorithm, split_chunk)
     n = b2.shape[1]
