@@ -575,7 +575,13 @@ def _make_plan(
     if algorithm is not None and algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS} or None, got {algorithm!r}")
     alg = algorithm or choose_algorithm(profile, m, nnz, k, itemsize)
-    if algorithm is None and _AUTO_SEGMENTED and alg == "vector" and profile is not None and _is_concrete(indptr):
+    if (
+        algorithm is None
+        and _AUTO_SEGMENTED
+        and alg == "vector"
+        and profile is not None
+        and _is_concrete(indptr)
+    ):
         if segmented_applies(np.asarray(indptr), split_chunk or DEFAULT_SEGMENT_ROWS):
             alg = "segmented"
     group = _group_for(alg, profile, m, nnz)
@@ -583,9 +589,12 @@ def _make_plan(
         chunk = _stream_rows(indptr, m, nnz)
         return Plan(alg, group, chunk, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
     if alg == "segmented":
-        if not _is_concrete(indptr):  # the table needs the concrete indptr: traced input takes the vector plan
+        # the table needs the concrete indptr: traced input takes the vector plan
+        if not _is_concrete(indptr):
             return Plan("vector", group, 0, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
-        table, ptr, ctas = _segment_table(segments_host(np.asarray(indptr), split_chunk or DEFAULT_SEGMENT_ROWS))
+        table, ptr, ctas = _segment_table(
+            segments_host(np.asarray(indptr), split_chunk or DEFAULT_SEGMENT_ROWS)
+        )
         return Plan(alg, group, ctas, 0), jnp.asarray(table), jnp.asarray(ptr)
     if alg not in _SPLIT_ALGS:
         return Plan(alg, group, 0, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
