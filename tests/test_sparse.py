@@ -444,3 +444,87 @@ def test_spmm_of_few_long_rows_takes_split():
     assert _rel(out, d.T @ _f64(U[:, :5])) < 1e-5
     g = jax.grad(lambda U: jnp.sum(pair.rmatmat(U) ** 2))(U)  # dU = A (2 Aᵀ U): the forward SpMM of A
     assert _rel(g, d @ (2 * (d.T @ _f64(U)))) < 1e-5
+
+
+# ------------------------------------------------------ one-launch split (split1) and the segmented plan
+def _ragged_cases():
+    """Ragged CSR matrices for split1/segmented: empty rows + one huge row, all rows long, rows at the chunk
+    boundary (chunk 8), two contiguous row classes (long then short rows, as CSR(Aᵀ) of bundle adjustment)."""
+    rng = np.random.default_rng(7)
+
+    def from_lens(lens, k):
+        lens = np.asarray(lens, np.int64)
+        indptr = np.concatenate([[0], np.cumsum(lens)])
+        cols = rng.integers(0, k, indptr[-1])
+        return sp.csr_matrix((rng.standard_normal(indptr[-1]), cols, indptr), shape=(lens.size, k))
+
+    huge = np.where(np.arange(60) % 5 == 0, 0, np.arange(60) % 3)
+    huge[7] = 700
+    return [
+        from_lens(huge, 90),
+        from_lens(20 + (np.arange(12) * 7) % 30, 80),
+        from_lens(np.tile([0, 7, 8, 9, 16, 17, 1], 9), 40),
+        from_lens(np.concatenate([np.full(300, 40), np.full(900, 3)]), 500),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [*DTYPES, np.float64])
+@pytest.mark.parametrize("algorithm", ["split1", "segmented"])
+def test_new_plans_ragged(dtype, algorithm):
+    with jax.enable_x64(dtype == np.float64):
+        for a in _ragged_cases():
+            A = _bcsr(a, dtype)
+            d = _dense_of(A)
+            m, k = a.shape
+            x, u, y = _rand((k,), dtype), _rand((m,), dtype, seed=2), _rand((m,), dtype, seed=3)
+            pair = sparse.csr_pair(A, algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=8)
+            assert pair.plan.algorithm == algorithm
+            out = jax.jit(lambda p, x, y: p.matvec(x, alpha=0.75, beta=-0.5, y=y))(pair, x, y)
+            assert _rel(out, 0.75 * (d @ _f64(x)) - 0.5 * _f64(y)) < TOL[dtype]
+            assert _rel(jax.jit(lambda p, u: p.rmatvec(u))(pair, u), d.T @ _f64(u)) < TOL[dtype]
+            B = _rand((k, 5), dtype)
+            assert _rel(jax.jit(lambda p, B: p.matmat(B))(pair, B), d @ _f64(B)) < TOL[dtype]
+            raw = sparse.matmul(A, x, algorithm=algorithm, split_chunk=8)  # concrete indptr: same plan
+            assert _rel(raw, d @ _f64(x)) < TOL[dtype]
+
+
+def test_split1_plan_and_workspace():
+    a = _ragged_cases()[0]
+    pair = sparse.csr_pair(_bcsr(a, np.float32), algorithm="split1", split_chunk=8)
+    lens = np.diff(a.indptr)
+    r, ptr, units = sparse._long_rows_host(a.indptr, 8, longest_first=True)
+    assert (
+        list(lens[r]) == sorted(lens[r], reverse=True) and units == ptr[-1] == -(-lens[lens > 8] // 8).sum()
+    )
+    hlo = jax.jit(lambda p, x: p.matvec(x)).lower(pair, jnp.ones((a.shape[1],))).as_text()
+    assert "algorithm = 4" in hlo
+    # workspace: units partials + one int32 counter per long row
+    assert f"tensor<{pair.plan.units + r.size}xf32>" in hlo
+
+
+def test_segments_rule():
+    two = _ragged_cases()[3]
+    segs = sparse.segments_host(two.indptr, 100)
+    assert segs == [(0, 300, 4), (300, 1200, 1)]
+    assert sparse.segmented_applies(two.indptr, 100)
+    uniform = sp.random(5000, 300, density=0.05, format="csr", random_state=1)
+    assert not sparse.segmented_applies(uniform.indptr)  # one class
+    tiny = np.concatenate([[0], np.cumsum(np.concatenate([np.full(4000, 40), np.full(100, 3)]))])
+    assert not sparse.segmented_applies(tiny, 100)  # the minority class holds < 10% of nnz
+    table, ptr, ctas = sparse._segment_table(segs)
+    assert list(table) == [0, 300, 4, 300, 1200, 1]
+    assert list(ptr) == [0, 3, 7] and ctas == 7  # 128 rows per CTA at G = 4, 256 at G = 1
+
+
+def test_segmented_traced_falls_back_to_vector():
+    a = _ragged_cases()[3]
+    A = _bcsr(a, np.float32)
+    x = _rand((a.shape[1],), np.float32)
+    out = jax.jit(lambda A, x: sparse.matmul(A, x, algorithm="segmented"))(A, x)
+    assert _rel(out, _dense_of(A) @ _f64(x)) < 1e-5
+
+
+def test_default_dispatch_unchanged():
+    a = _ragged_cases()[3]
+    pair = sparse.csr_pair(_bcsr(a, np.float32))
+    assert pair.plan.algorithm == "vector"  # segmented is forced only until the H200 numbers exist

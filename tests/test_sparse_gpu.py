@@ -302,3 +302,52 @@ def test_slabs_vs_csr_lsq(dtype):
         assert _rel(g(pair, u, y), ref_a.T @ u64 - 2.0 * y64) < TOL[dtype]
         U, U64 = _dense_in((2, 306_136), dtype, _gpu(), seed=3)
         assert _rel(jax.jit(jax.vmap(pair.rmatvec))(U), (ref_a.T @ U64.T).T) < TOL[dtype]
+
+
+# ------------------------------------------------------ one-launch split (split1) and the segmented plan
+def _two_classes(seed=12):
+    """CSR(Aᵀ)-like rows: 3000 long rows (~100) then 9000 short ones (~8), plus empty rows and a huge row."""
+    rng = np.random.default_rng(seed)
+    lens = np.concatenate([90 + rng.integers(0, 21, 3000), rng.integers(0, 12, 9000)])
+    lens[5000] = 30000
+    indptr = np.concatenate([[0], np.cumsum(lens)])
+    cols = rng.integers(0, 7000, indptr[-1])
+    return sp.csr_matrix((rng.standard_normal(indptr[-1]), cols, indptr), shape=(lens.size, 7000))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, jnp.bfloat16])
+@pytest.mark.parametrize("algorithm", ["split1", "segmented"])
+def test_small_new_plans_poisoned(dtype, algorithm):
+    with jax.enable_x64(dtype == np.float64):
+        a = _two_classes()
+        ref_a = _rounded(a, dtype)
+        m, k = a.shape
+        outs = {}
+        for dev in (_gpu(), _cpu()):
+            pair = sparse.csr_pair(
+                _bcsr(a, dtype, dev), algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=256
+            )
+            x, x64 = _dense_in((k,), dtype, dev)
+            y, y64 = _dense_in((m,), dtype, dev, seed=3)
+            f = jax.jit(lambda p, x, y: p.matvec(x, alpha=0.75, beta=-0.5, y=y))
+            out = f(pair, x, y)
+            assert _rel(out, 0.75 * (ref_a @ x64) - 0.5 * y64) < TOL[dtype]
+            # the output is y itself (donated, aliased): an unwritten element would keep y's value
+            g = jax.jit(lambda p, x, y: p.matvec(x, beta=-0.5, y=y), donate_argnums=(2,))
+            y2, _ = _dense_in((m,), dtype, dev, seed=3)
+            assert _rel(g(pair, x, y2), ref_a @ x64 - 0.5 * y64) < TOL[dtype]
+            outs[dev.platform] = np.asarray(out.astype(jnp.float32) if dtype != np.float64 else out)
+            if dev.platform == "gpu":
+                for _ in range(3):  # deterministic, and the split1 counters are 0 again after every call
+                    assert np.array_equal(np.asarray(f(pair, x, y)), np.asarray(out))
+        assert _rel(outs["gpu"], outs["cpu"]) < 2 * TOL[dtype]
+
+
+def test_split1_bitwise_equals_split():
+    a = _power_law(20000, 20000, seed=13, max_len=20000)
+    x, _ = _dense_in((20000,), np.float32, _gpu())
+    res = []
+    for alg in ("split", "split1"):
+        pair = sparse.csr_pair(_bcsr(a, np.float32, _gpu()), algorithm=alg, split_chunk=256)
+        res.append(np.asarray(jax.jit(lambda p, x: p.matvec(x))(pair, x)))
+    assert np.array_equal(res[0], res[1])  # same partials, same fix-up order
