@@ -91,11 +91,7 @@ void Run(const SpmmArgs<typename C::T, typename C::Acc>& a) {
     }
     return;
   }
-  const bool split = IsSplit(a.algorithm);
-  if (a.algorithm == kSplitOne) {  // the counters are 0 on exit (the CUDA finisher resets them)
-    int32_t* counters = reinterpret_cast<int32_t*>(a.ws + a.units * a.n);
-    std::fill(counters, counters + a.num_long, 0);
-  }
+  const bool split = a.algorithm == kSplit;
   for (int64_t r = 0; r < a.m; ++r) {
     int64_t s, e;
     RowRange<C>(a, r, &s, &e);

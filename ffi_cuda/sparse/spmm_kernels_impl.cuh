@@ -100,7 +100,7 @@ __device__ __forceinline__ bool ItemRange(const SpmmArgs<T, Acc>& a, int64_t idx
   if (!unit_mode) {
     *r = idx;
     RowRange(a, idx, s, e);
-    return !(IsSplit(a.algorithm) && *e - *s > a.chunk);
+    return !(a.algorithm == kSplit && *e - *s > a.chunk);
   }
   // largest i with long_ptr[i] <= idx
   int64_t lo = 0, hi = a.num_long;  // answer in [0, num_long)
@@ -279,7 +279,7 @@ __device__ __forceinline__ void SpmvRowsBody(const SpmmArgs<T, Acc>& a, int64_t 
   const int grp = lane / G, lg = lane & (G - 1);
   const int64_t blocks = (row1 - row0 + kRows - 1) / kRows;
   const uint32_t k = static_cast<uint32_t>(a.k);
-  const bool split = IsSplit(a.algorithm);
+  const bool split = a.algorithm == kSplit;
   // raw indptr of rows base + 32 t + lane and the next one (clamped to row1 so the loads stay in bounds)
   int32_t lo[kRounds], hi[kRounds];
   auto load_ptr = [&](int64_t blk) {
@@ -520,81 +520,6 @@ struct RowsConfig {
   static constexpr int kMinBlocks = G == 1 ? 6 : 1;
 };
 
-// One-launch split, one unit (N == 1; contract in spmm_params.h): the whole warp computes unit `item`'s partial
-// as SpmvUnitKernel does, lane 0 stores it, fences and bumps the row's counter; the warp whose bump completes
-// the row sums the row's partials in SpmvFixupKernel's fixed order, writes the output and resets the counter.
-template <typename T, typename Acc, bool kHint>
-__device__ __forceinline__ void SplitOneUnit(const SpmmArgs<T, Acc>& a, int64_t item, int64_t total,
-                                             int32_t* counters) {
-  const int lane = threadIdx.x & 31;
-  int64_t lo = 0, hi = a.num_long;  // largest i with long_ptr[i] <= item
-  while (hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
-    if (__ldg(a.long_ptr + mid) <= item)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  const int64_t first = __ldg(a.long_ptr + lo);
-  const int64_t row = __ldg(a.long_rows + lo);
-  if (item < first || row < 0 || row >= a.m) return;
-  const int64_t u0 = min(max(first, int64_t{0}), total);
-  const int64_t u1 = min(max(static_cast<int64_t>(__ldg(a.long_ptr + lo + 1)), u0), total);
-  int64_t rs, re;
-  RowRange(a, row, &rs, &re);
-  const int64_t s = min(re, rs + (item - first) * a.chunk), e = min(re, s + a.chunk);
-  const uint32_t k = static_cast<uint32_t>(a.k);
-  Acc acc[4] = {0, 0, 0, 0};
-  for (int64_t p = s + lane; p < e; p += 4 * 32) {
-    int c[4];
-    Acc v[4];
-#pragma unroll
-    for (int h = 0; h < 4; ++h) {
-      const int64_t q = p + h * 32;
-      c[h] = q < e ? LdStream<kHint>(a.indices + q) : -1;
-      v[h] = q < e ? ToAcc(LdStream<kHint>(a.values + q)) : Acc(0);
-    }
-#pragma unroll
-    for (int h = 0; h < 4; ++h)
-      if (static_cast<uint32_t>(c[h]) < k) acc[h] += v[h] * ToAcc(Ld(a.b + c[h]));
-  }
-  const Acc part = GroupSum<32>((acc[0] + acc[1]) + (acc[2] + acc[3]), 0xffffffffu);
-  int last = 0;
-  if (lane == 0) {
-    a.ws[item] = part;
-    __threadfence();  // the partial is visible device-wide before the counter says so
-    last = atomicAdd(counters + lo, 1) == static_cast<int>(u1 - u0) - 1;
-  }
-  last = __shfl_sync(0xffffffffu, last, 0);
-  if (!last) return;
-  __threadfence();  // every other unit's partial (fenced before its bump) is visible now
-  Acc sum = 0;
-  for (int64_t u = u0 + lane; u < u1; u += 32) sum += __ldcg(a.ws + u);  // L2: written by other SMs
-  sum = GroupSum<32>(sum, 0xffffffffu);
-  if (lane == 0) {
-    StoreOut(a, row, 0, sum);
-    counters[lo] = 0;  // every unit of this row has counted: ready for the next call
-  }
-}
-
-// One-launch split (N == 1): CTAs [0, unit_ctas) take the long rows' units (a warp each, grid-stride; listed
-// longest row first, so the heavy units start first), the others the short rows with the row-block body.
-template <typename T, typename Acc, int G, int U, int S, bool kHint>
-__global__ void __launch_bounds__(kThreads)
-    SpmvSplitOneKernel(SpmmArgs<T, Acc> a, int64_t unit_ctas, int32_t* counters) {
-  const int64_t w = threadIdx.x >> 5;
-  if (blockIdx.x < unit_ctas) {
-    const int64_t total = UnitsTotal(a);
-    for (int64_t item = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + w; item < total;
-         item += unit_ctas * (kThreads / 32))
-      SplitOneUnit<T, Acc, false>(a, item, total, counters);
-  } else {
-    SpmvRowsBody<T, Acc, G, U, S, kHint>(a, 0, a.m,
-                                         (static_cast<int64_t>(blockIdx.x) - unit_ctas) * (kThreads / 32) + w,
-                                         (static_cast<int64_t>(gridDim.x) - unit_ctas) * (kThreads / 32));
-  }
-}
-
 template <typename T, typename Acc, int G>
 __device__ __forceinline__ void SegmentRows(const SpmmArgs<T, Acc>& a, int64_t r0, int64_t r1, int64_t warp,
                                             int64_t nwarps) {
@@ -604,9 +529,12 @@ __device__ __forceinline__ void SegmentRows(const SpmmArgs<T, Acc>& a, int64_t r
 }
 
 // Segmented (row-class) SpMV (N == 1; contract in spmm_params.h): CTA b finds its segment in the CTA prefix
-// (long_ptr) and runs the row-block body with that segment's G over the segment's rows.
-template <typename T, typename Acc, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) SpmvSegmentedKernel(SpmmArgs<T, Acc> a) {
+// (long_ptr) and runs the row-block body with that segment's G over the segment's rows. Launch bound: at least
+// kSegmentedMinBlocks CTAs per SM (the kernel holds every G's body, so without the bound the register count of the
+// widest body limits occupancy; H200 --tails, LSMR ba-like Aᵀu: 46.8 µs with 4/SM vs 49.5 µs without).
+constexpr int kSegmentedMinBlocks = 4;
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kThreads, kSegmentedMinBlocks) SpmvSegmentedKernel(SpmmArgs<T, Acc> a) {
   const int64_t b = blockIdx.x;
   int64_t lo = 0, hi = a.num_long;  // largest s with long_ptr[s] <= b
   while (hi - lo > 1) {
@@ -638,30 +566,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SpmvSegmentedKernel(Spmm
   }
 }
 
-// One-launch split over `a` (N == 1, split1 lists): zeroes the counters unless `counters_zero` (the bench's
-// persistent-counter variant: the kernel leaves them 0), then one grid of unit CTAs + short-row CTAs.
-template <typename T, typename Acc, int G>
-cudaError_t LaunchSplitOne(cudaStream_t stream, const SpmmArgs<T, Acc>& a, int64_t max_ctas, bool counters_zero) {
-  using C = RowsConfig<G>;
-  int32_t* counters = reinterpret_cast<int32_t*>(a.ws + a.units);
-  if (!counters_zero) {
-    const cudaError_t err = cudaMemsetAsync(counters, 0, static_cast<size_t>(a.num_long) * 4, stream);
-    if (err != cudaSuccess) return err;
-  }
-  constexpr int64_t kRows = int64_t{C::kU} * (32 / G);
-  const int64_t row_warps = (a.m + kRows - 1) / kRows;
-  const int64_t row_ctas =
-      std::max<int64_t>(1, std::min<int64_t>(max_ctas, (row_warps * 32 + kThreads - 1) / kThreads));
-  const int64_t unit_ctas = std::max<int64_t>(1, std::min<int64_t>(max_ctas, (a.units + 7) / 8));
-  SpmvSplitOneKernel<T, Acc, G, C::kU, C::kS, C::kHint>
-      <<<static_cast<unsigned>(unit_ctas + row_ctas), kThreads, 0, stream>>>(a, unit_ctas, counters);
-  return cudaGetLastError();
-}
-
-template <typename T, typename Acc, int kMinBlocks = 1>
+template <typename T, typename Acc>
 cudaError_t LaunchSegmented(cudaStream_t stream, const SpmmArgs<T, Acc>& a) {
   if (a.chunk < 1 || a.chunk > 0x7fffffff || a.num_long < 1) return cudaErrorInvalidConfiguration;
-  SpmvSegmentedKernel<T, Acc, kMinBlocks><<<static_cast<unsigned>(a.chunk), kThreads, 0, stream>>>(a);
+  SpmvSegmentedKernel<T, Acc><<<static_cast<unsigned>(a.chunk), kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -708,17 +616,10 @@ cudaError_t LaunchCsrSpmm(cudaStream_t stream, const SpmmArgs<T, Acc>& a, bool v
     return static_cast<unsigned>(
         std::max<int64_t>(1, std::min<int64_t>(max_blocks, (threads + kThreads - 1) / kThreads)));
   };
-  const bool split = IsSplit(a.algorithm) && a.num_long > 0 && a.units > 0;
+  const bool split = a.algorithm == kSplit && a.num_long > 0 && a.units > 0;
   cudaError_t err = cudaSuccess;
   if (a.n == 1) {
     if (a.algorithm == kSegmented) return LaunchSegmented<T, Acc>(stream, a);
-    if (a.algorithm == kSplitOne && split) {
-      auto one = [&](auto g) {
-        constexpr int G = decltype(g)::value;
-        return LaunchSplitOne<T, Acc, G>(stream, a, max_blocks, false);
-      };
-      return WithGroup(a.group, one);
-    }
     if (a.algorithm == kStream) {
       const int64_t blocks = (a.m + a.chunk - 1) / a.chunk;
       if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;

@@ -6,9 +6,9 @@
 //   args:  indptr s32[M+1], indices s32[nnz], values T[nnz], b T[K, N], alpha Acc[N], beta Acc[N],
 //          y T[M, N] or T[0] (no y: beta ignored), long_rows s32[L], long_ptr s32[L+1]
 //   rets:  out T[M, N], workspace Acc[W]
-//   attrs: algorithm (s32: 0 vector, 1 cta, 2 split, 3 stream, 4 split1, 5 segmented), group (s32: lanes per
-//          row, 1..32, power of 2), chunk (s64: nnz per work unit of a long row in split/split1; rows per CTA for
-//          stream; total CTAs of the segment table for segmented)
+//   attrs: algorithm (s32: 0 vector, 1 cta, 2 split, 3 stream, 4 segmented), group (s32: lanes per row, 1..32,
+//          power of 2), chunk (s64: nnz per work unit of a long row in split; rows per CTA for stream; total
+//          CTAs of the segment table for segmented)
 // T is f16, bf16, f32 or f64; Acc is f32 for the first three and f64 for f64.
 //
 // Row ranges are clamped: row r covers [s, e) with s = clamp(indptr[r], 0, nnz), e = clamp(indptr[r+1], s, nnz),
@@ -22,16 +22,6 @@
 // N > 1; for N == 1 lane l of a warp sums units l, l + 32, ... and a fixed xor tree combines the lanes) and applies
 // the epilogue. group: lanes per row of the N == 1 row-block kernel, a power of two in [1, 32]. Python builds
 // long_rows/long_ptr from the same indptr. Units past long_ptr[L] are skipped.
-//
-// One-launch split (split1, N == 1): the same long-row lists (long_ptr non-decreasing; Python lists the long rows
-// longest first so their units are scheduled first) and one grid: the first CTAs take the units, a warp each,
-// the rest the short rows (row-block kernel, G = group). A unit writes its partial to ws[unit], fences, and bumps
-// the int32 counter of its row (integer atomics only); the unit that arrives last sums the row's partials exactly
-// like the split fix-up (lane l sums units l, l + 32, ..., fixed xor tree: bitwise the split result, whatever the
-// arrival order), applies the epilogue and resets the counter to 0. Workspace: Acc[units * N + L]; the L counters
-// are int32 at (int32_t*)(ws + units * N). The CUDA handler zeroes them (cudaMemsetAsync, a memset node: an XLA
-// workspace does not persist between calls) and they are 0 again on exit; the CPU twin writes them 0 too.
-// N > 1 with split1 runs the split passes (units = (W - L) / N).
 //
 // Segmented (row classes, N == 1): the rows come in contiguous segments of similar length, each with its own G.
 // long_rows holds the table int32[3 S] (row begin, row end, G per segment, G a power of two in [1, 32]) and
@@ -49,10 +39,7 @@
 
 namespace jax_ops::sparse {
 
-enum Algorithm : int32_t { kVector = 0, kCta = 1, kSplit = 2, kStream = 3, kSplitOne = 4, kSegmented = 5 };
-
-// split and split1 share the long-row protocol (long rows skipped by the row kernels, units of `chunk` nnz).
-inline constexpr bool IsSplit(int32_t algorithm) { return algorithm == kSplit || algorithm == kSplitOne; }
+enum Algorithm : int32_t { kVector = 0, kCta = 1, kSplit = 2, kStream = 3, kSegmented = 4 };
 
 // Lanes per row a segment table entry stands for: 1, 2, 4, 8, 16 as given, anything else 32 (both twins).
 inline constexpr int SegmentGroup(int32_t g) { return g == 1 || g == 2 || g == 4 || g == 8 || g == 16 ? g : 32; }
@@ -175,12 +162,9 @@ inline ffi::ErrorOr<SpmmShape> CheckSpmmArgs(const ffi::AnyBuffer& indptr, const
   s.algorithm = algorithm;
   s.group = group;
   s.chunk = chunk;
-  if (IsSplit(algorithm)) {
+  if (algorithm == kSplit) {
     if (chunk < 1) return fail("split needs chunk >= 1");
-    const int64_t counters = algorithm == kSplitOne ? s.num_long : 0;
-    if (static_cast<int64_t>(ws.element_count()) < counters)
-      return fail("split1 needs a workspace of units * N + len(long_rows) elements");
-    s.units = s.n > 0 ? (static_cast<int64_t>(ws.element_count()) - counters) / s.n : 0;
+    s.units = s.n > 0 ? static_cast<int64_t>(ws.element_count()) / s.n : 0;
   }
   return s;
 }

@@ -11,9 +11,9 @@
 // build is /work/main/.devbin/c3/spmv_bench, same line)
 // Usage: spmv_bench [--small] [--quick] [--slab] [--lsmr-pass] [--tails] [--csv FILE]
 //   --tails: issue 3's slow cases (power-law Ax/ATu, bundle-adj 1M and LSMR's ba-like Ax/ATu, uniform ATu):
-//            cuSPARSE, the dispatched plan, vector G/2 and 2G, split (3 launches) vs split1 (one launch) at chunk
-//            128/256/512, split1 with persistent counters / rows ascending / other G, the segmented plan (rows per
-//            chunk 1024/4096/16384, G x0.5/x2, min 4 CTAs/SM, one launch per segment), a summary table last.
+//            cuSPARSE, the dispatched plan, vector G/2 and 2G, split at chunk 128/256/512, the segmented plan
+//            (rows per chunk 1024/4096/16384, G x0.5/x2, one launch per segment), a summary table last. (The
+//            one-launch split "split1" was measured here on 2026-12-01 and rejected: docs/sparse.md.)
 //   --lsmr-pass: LSMR's two sweeps vs the one-pass experiment (tools/lsmr_pass.cuh) on the LSQ matrices.
 //   --lsmr-ba: the full parameter sweep (split chunks 64/128/256 included) on LSMR's ba-like Jacobian and the
 //            suite's bundle-adjustment matrix, whose CSR(Aᵀ) mix long camera rows (~500 / ~100 entries) with
@@ -316,31 +316,26 @@ static SpmmArgs<float, float> BaseArgs(const Case& c) {
   return a;
 }
 
-// Long-row lists of the split algorithm for `chunk` (host, as jax_ops.sparse._long_rows_host; longest_first: the
-// split1 order, longest row first, stable).
-static void LongLists(const Csr& h, int64_t chunk, bool longest_first, std::vector<int32_t>* rows,
-                      std::vector<int32_t>* ptr) {
+// Long-row lists of the split algorithm for `chunk` (host, as jax_ops.sparse._long_rows_host).
+static void LongLists(const Csr& h, int64_t chunk, std::vector<int32_t>* rows, std::vector<int32_t>* ptr) {
   rows->clear();
   *ptr = {0};
   for (int64_t r = 0; r < h.m; ++r)
     if (h.indptr[r + 1] - h.indptr[r] > chunk) rows->push_back(static_cast<int32_t>(r));
   auto len = [&](int32_t r) { return int64_t{h.indptr[r + 1]} - h.indptr[r]; };
-  if (longest_first)
-    std::stable_sort(rows->begin(), rows->end(), [&](int32_t x, int32_t y) { return len(x) > len(y); });
   for (int32_t r : *rows) ptr->push_back(static_cast<int32_t>(ptr->back() + (len(r) + chunk - 1) / chunk));
 }
 
-// Split lists on the device; the workspace holds units partials + num_long split1 counters (zeroed once).
-static void SetSplit(Case& c, int64_t chunk, bool longest_first = false) {
+// Split lists on the device; the workspace holds the units' partials.
+static void SetSplit(Case& c, int64_t chunk) {
   cudaFree(c.long_rows), cudaFree(c.long_ptr), cudaFree(c.ws);
   std::vector<int32_t> rows, ptr;
-  LongLists(*c.host, chunk, longest_first, &rows, &ptr);
+  LongLists(*c.host, chunk, &rows, &ptr);
   c.num_long = static_cast<int64_t>(rows.size());
   c.units = ptr.back();
   CHECK(cudaMalloc(&c.long_rows, std::max<size_t>(1, rows.size()) * 4));
   CHECK(cudaMalloc(&c.long_ptr, ptr.size() * 4));
-  CHECK(cudaMalloc(&c.ws, std::max<int64_t>(1, c.units + c.num_long) * 4));
-  CHECK(cudaMemset(c.ws, 0, std::max<int64_t>(1, c.units + c.num_long) * 4));
+  CHECK(cudaMalloc(&c.ws, std::max<int64_t>(1, c.units) * 4));
   if (!rows.empty()) CHECK(cudaMemcpy(c.long_rows, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(c.long_ptr, ptr.data(), ptr.size() * 4, cudaMemcpyHostToDevice));
 }
@@ -859,17 +854,15 @@ static int SmallChecks(const char* dname, double tol, int sms) {
                                {"warp", kVector, 32, 0},
                                {"cta", kCta, 32, 0},
                                {"split64", kSplit, VectorGroup(std::min(p.avg, p.p95)), 64},
-                               {"split1", kSplit, 2, 1},
+                               {"split_c1", kSplit, 2, 1},
                                {"stream", kStream, 32, 8},
-                               {"split1_64", kSplitOne, VectorGroup(std::min(p.avg, p.p95)), 64},
-                               {"split1_1", kSplitOne, 2, 1},
                                {"segmented16", kSegmented, 1, 16},
                                {"segmented1", kSegmented, 1, 1}};
       for (const Alg& alg : algs) {
         std::vector<int32_t> rows, ptr{0};
         int64_t seg_ctas = 0, units = 0, num_long = 0;
-        if (IsSplit(alg.code)) {
-          LongLists(*mat, alg.chunk, alg.code == kSplitOne, &rows, &ptr);
+        if (alg.code == kSplit) {
+          LongLists(*mat, alg.chunk, &rows, &ptr);
           units = ptr.back(), num_long = static_cast<int64_t>(rows.size());
         } else if (alg.code == kSegmented) {  // chunk: rows per classification chunk
           seg_ctas = Segments(*mat, alg.chunk, 1.0, &rows, &ptr);
@@ -877,9 +870,9 @@ static int SmallChecks(const char* dname, double tol, int sms) {
         }
         CHECK(cudaMalloc(&lr, std::max<size_t>(1, rows.size()) * 4));
         CHECK(cudaMalloc(&lp, ptr.size() * 4));
-        const int64_t ws_elems = std::max<int64_t>(1, units * n + num_long);
+        const int64_t ws_elems = std::max<int64_t>(1, units * n);
         CHECK(cudaMalloc(&ws, ws_elems * sizeof(Acc)));
-        CHECK(cudaMemset(ws, 0x7F, ws_elems * sizeof(Acc)));  // garbage counters: the launcher must zero them
+        CHECK(cudaMemset(ws, 0x7F, ws_elems * sizeof(Acc)));  // garbage workspace: every partial is written first
         if (!rows.empty()) CHECK(cudaMemcpy(lr, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
         CHECK(cudaMemcpy(lp, ptr.data(), ptr.size() * 4, cudaMemcpyHostToDevice));
         for (int with_y = 0; with_y < 2; ++with_y) {
@@ -1228,10 +1221,8 @@ static void SlabRun(const Csr& a, const Csr& t, int sms, const Summary& ax, cons
   cudaFree(u), cudaFree(c.y), cudaFree(c.alpha), cudaFree(c.beta);
 }
 
-// --small: ragged N = 1 cases of the one-launch split and the segmented plan (next to the 3-launch split): empty
-// rows with one huge row, all rows long, rows at the chunk boundary (64), two row classes; y on/off, alpha 0.75,
-// beta -0.5; split1 must equal split bitwise (same partials, same fix-up order) and stay so on a second call
-// with the counters left by the first (the finisher's reset; no memset).
+// --small: ragged N = 1 cases of the segmented plan (next to the split): empty rows with one huge row, all rows
+// long, rows at the chunk boundary (64), two row classes; y on/off, alpha 0.75, beta -0.5; output poisoned.
 template <typename T, typename Acc>
 static int TailSmallChecks(const char* dname, double tol, int sms) {
   std::vector<Csr> mats;
@@ -1290,12 +1281,11 @@ static int TailSmallChecks(const char* dname, double tol, int sms) {
       int64_t chunk;  // split: nnz per unit; segmented: rows per classification chunk
       double gmul;
     };
-    const Alg algs[] = {{"split c64 G8", kSplit, 8, 64, 1},           {"split1 c64 G8", kSplitOne, 8, 64, 1},
-                        {"split1 c1 G2", kSplitOne, 2, 1, 1},         {"split1 c64 G32", kSplitOne, 32, 64, 1},
-                        {"segmented r64", kSegmented, 1, 64, 1},      {"segmented r256 Gx2", kSegmented, 1, 256, 2},
+    const Alg algs[] = {{"split c64 G8", kSplit, 8, 64, 1},
+                        {"segmented r64", kSegmented, 1, 64, 1},
+                        {"segmented r256 Gx2", kSegmented, 1, 256, 2},
                         {"segmented r1 Gx0.5", kSegmented, 1, 1, 0.5}};
     for (int with_y = 0; with_y < 2; ++with_y) {
-      std::vector<T> split_out;
       for (const Alg& alg : algs) {
         std::vector<int32_t> rows, ptr{0};
         int64_t units = 0, num_long = 0, seg_ctas = 0;
@@ -1303,13 +1293,13 @@ static int TailSmallChecks(const char* dname, double tol, int sms) {
           seg_ctas = Segments(mat, alg.chunk, alg.gmul, &rows, &ptr);
           num_long = static_cast<int64_t>(ptr.size()) - 1;
         } else {
-          LongLists(mat, alg.chunk, alg.code == kSplitOne, &rows, &ptr);
+          LongLists(mat, alg.chunk, &rows, &ptr);
           units = ptr.back(), num_long = static_cast<int64_t>(rows.size());
         }
         CHECK(cudaMalloc(&lr, std::max<size_t>(1, rows.size()) * 4));
         CHECK(cudaMalloc(&lp, ptr.size() * 4));
-        CHECK(cudaMalloc(&ws, std::max<int64_t>(1, units + num_long) * sizeof(Acc)));
-        CHECK(cudaMemset(ws, 0x7F, std::max<int64_t>(1, units + num_long) * sizeof(Acc)));
+        CHECK(cudaMalloc(&ws, std::max<int64_t>(1, units) * sizeof(Acc)));
+        CHECK(cudaMemset(ws, 0x7F, std::max<int64_t>(1, units) * sizeof(Acc)));
         if (!rows.empty()) CHECK(cudaMemcpy(lr, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
         CHECK(cudaMemcpy(lp, ptr.data(), ptr.size() * 4, cudaMemcpyHostToDevice));
         SpmmArgs<T, Acc> a;
@@ -1317,20 +1307,11 @@ static int TailSmallChecks(const char* dname, double tol, int sms) {
         a.out = out, a.ws = ws, a.long_rows = lr, a.long_ptr = lp, a.m = m, a.k = k, a.n = 1, a.nnz = nnz;
         a.num_long = num_long, a.units = units, a.algorithm = alg.code, a.group = alg.group;
         a.chunk = alg.code == kSegmented ? seg_ctas : alg.chunk;
-        auto run = [&](bool persistent) {
-          CHECK(cudaMemset(out, 0xFF, m * sizeof(T)));
-          if (persistent)
-            CHECK(WithGroup(alg.group, [&](auto g) {
-              return LaunchSplitOne<T, Acc, decltype(g)::value>(nullptr, a, int64_t{sms} * 64, true);
-            }));
-          else
-            CHECK((LaunchCsrSpmm<T, Acc>(nullptr, a, false, sms)));
-          CHECK(cudaDeviceSynchronize());
-          std::vector<T> ho(m);
-          CHECK(cudaMemcpy(ho.data(), out, m * sizeof(T), cudaMemcpyDeviceToHost));
-          return ho;
-        };
-        const std::vector<T> ho = run(false);
+        CHECK(cudaMemset(out, 0xFF, m * sizeof(T)));
+        CHECK((LaunchCsrSpmm<T, Acc>(nullptr, a, false, sms)));
+        CHECK(cudaDeviceSynchronize());
+        std::vector<T> ho(m);
+        CHECK(cudaMemcpy(ho.data(), out, m * sizeof(T), cudaMemcpyDeviceToHost));
         double num = 0, den = 0;
         bool finite = true;
         for (int64_t r = 0; r < m; ++r) {
@@ -1342,13 +1323,7 @@ static int TailSmallChecks(const char* dname, double tol, int sms) {
           num += (o - ref) * (o - ref), den += ref * ref;
         }
         const double err = std::sqrt(num / std::max(den, 1e-300));
-        bool ok = finite && err <= tol;
-        if (alg.code == kSplit && alg.chunk == 64) split_out = ho;
-        if (alg.code == kSplitOne && alg.chunk == 64 && alg.group == 8) {
-          ok &= std::memcmp(ho.data(), split_out.data(), m * sizeof(T)) == 0;  // bitwise the 3-launch split
-          const std::vector<T> again = run(true);                              // counters as the first call left them
-          ok &= std::memcmp(ho.data(), again.data(), m * sizeof(T)) == 0;
-        }
+        const bool ok = finite && err <= tol;
         if (!ok) {
           ++fails;
           std::printf("  TAIL FAIL %s %s [%s] y=%d: err %.2e finite %d\n", dname, alg.name, mat.name.c_str(), with_y,
@@ -1359,7 +1334,7 @@ static int TailSmallChecks(const char* dname, double tol, int sms) {
     }
     cudaFree(ip), cudaFree(ix), cudaFree(v), cudaFree(b), cudaFree(y), cudaFree(out), cudaFree(al), cudaFree(be);
   }
-  std::printf("tail checks %s (split1, segmented): %d failures\n", dname, fails);
+  std::printf("tail checks %s (split, segmented): %d failures\n", dname, fails);
   return fails;
 }
 
@@ -1407,31 +1382,11 @@ static void TailsCase(const Csr& mat, const char* op, cusparseHandle_t handle, i
   if (long_rows) {
     const int gs = std::min(32, 2 * RuleGroup(std::min(p.avg, p.p95)));
     for (int64_t chunk : {128, 256, 512}) {
-      for (int alg : {kSplit, kSplitOne}) {
-        SetSplit(c, chunk, alg == kSplitOne);
-        SpmmArgs<float, float> a = BaseArgs(c);
-        a.algorithm = alg, a.chunk = chunk, a.num_long = c.num_long, a.units = c.units, a.group = gs;
-        const std::string nm = std::string(alg == kSplit ? "split(3 launches)" : "split1(memset+1)") +
-                               " c=" + std::to_string(chunk) + " G=" + std::to_string(gs);
-        add(Measure(c, nm, [&] { CHECK((LaunchCsrSpmm<float, float>(nullptr, a, false, sms))); }));
-      }
-    }
-    for (int variant = 0; variant < 4; ++variant) {  // chunk 256: persistent counters; row order; short-row G
-      const bool longest_first = variant != 1;
-      const int g = variant == 2 ? gs / 2 : variant == 3 ? std::min(32, gs * 2) : gs;
-      SetSplit(c, 256, longest_first);
+      SetSplit(c, chunk);
       SpmmArgs<float, float> a = BaseArgs(c);
-      a.algorithm = kSplitOne, a.chunk = 256, a.num_long = c.num_long, a.units = c.units, a.group = g;
-      const char* what[] = {"split1 persistent", "split1 persistent rows-asc", "split1 persistent",
-                            "split1 persistent"};
-      auto launch = [&] {
-        CHECK(WithGroup(
-            g, [&](auto gc) { return LaunchSplitOne<float, float, decltype(gc)::value>(nullptr, a, cap, true); }));
-      };
-      Result r = Measure(c, std::string(what[variant]) + " c=256 G=" + std::to_string(g), launch);
-      double err2 = 0;  // after all the timed calls: the counters were reset by the finishers
-      r.ok &= Verify(c, launch, &err2);
-      add(r);
+      a.algorithm = kSplit, a.chunk = chunk, a.num_long = c.num_long, a.units = c.units, a.group = gs;
+      const std::string nm = "split(3 launches) c=" + std::to_string(chunk) + " G=" + std::to_string(gs);
+      add(Measure(c, nm, [&] { CHECK((LaunchCsrSpmm<float, float>(nullptr, a, false, sms))); }));
     }
     SetSplit(c, 1 << 30);
   } else {
@@ -1445,7 +1400,6 @@ static void TailsCase(const Csr& mat, const char* op, cusparseHandle_t handle, i
         std::snprintf(nm, sizeof nm, "segmented r=%lld Gx%.1f S=%lld", (long long)rows, gmul, (long long)c.num_long);
         add(Measure(c, nm, [&] { CHECK((LaunchCsrSpmm<float, float>(nullptr, a, false, sms))); }));
         if (rows == 4096 && gmul == 1.0) {
-          add(Measure(c, std::string(nm) + " mb4", [&] { CHECK((LaunchSegmented<float, float, 4>(nullptr, a))); }));
           // one row-block launch per segment (rule G, shifted args), for comparison with the one-launch table
           std::vector<int32_t> table, ptr;
           Segments(mat, rows, 1.0, &table, &ptr);
