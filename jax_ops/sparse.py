@@ -56,15 +56,17 @@ __all__ = [
     "ALGORITHMS",
 ]
 
-ALGORITHMS = ("vector", "warp", "cta", "split", "stream", "split1", "segmented")
-_ALG_CODE = {"vector": 0, "warp": 0, "cta": 1, "split": 2, "stream": 3, "split1": 4, "segmented": 5}
-_SPLIT_ALGS = ("split", "split1")  # the long-row protocol (monotone indptr, long-row lists)
+ALGORITHMS = ("vector", "warp", "cta", "split", "stream", "segmented")
+_ALG_CODE = {"vector": 0, "warp": 0, "cta": 1, "split": 2, "stream": 3, "segmented": 4}
 # Segmented (row-class) plan: rows are classified in chunks of DEFAULT_SEGMENT_ROWS rows (each chunk's G from its own
-# average, _vector_group), adjacent chunks with the same G merged into segments.
+# average, _vector_group), adjacent chunks with the same G merged into segments. 4096 rows per chunk: H200 --tails,
+# LSMR ba-like Aᵀu 46.8 µs (1024 rows, without the 4-CTA/SM bound: 48.9; 16384: 90.9).
 DEFAULT_SEGMENT_ROWS = 4096
-# Whether choose_algorithm may pick "segmented" (segmented_applies); off until the H200 numbers exist.
-_AUTO_SEGMENTED = False
-_SEGMENT_MIN_MINORITY = 0.1  # segmented applies when the rows outside the largest G class hold >= 10% of nnz
+# The auto rule (segmented_applies): the warp-per-row class (G = 32) and the other classes each hold >= 10% of nnz.
+_SEGMENT_MIN_SHARE = 0.1
+# The dense operand a product gathers lives in L1 when it has at most this many bytes (128 KiB; H100/H200 L1 is
+# 256 KiB per SM, shared with shared memory): then gathers are L1 hits, and the vector G and the slab model differ.
+_L1_BYTES = 128 * 1024
 # CSR-stream SpMV: products of a block of rows staged in shared memory (must match kStreamCap in spmm_params.h).
 STREAM_CAP = 4096
 _STREAM_ROWS = (8, 256)  # rows per CTA: a power of two in this range
@@ -140,6 +142,25 @@ def _vector_group(avg: float) -> int:
     return 32
 
 
+def _vector_group_for(profile: RowProfile | None, avg: float, k: int, itemsize: int) -> int:
+    """G of the vector plan: _vector_group(avg), except G = 8 instead of 4 for varying rows of 16..63 entries
+    (16 <= avg < 64, avg < p95 <= 2 avg) whose gathered dense operand is not L1-resident (k * itemsize >
+    _L1_BYTES). Measured on the H200 (spmv_bench --tails, 2026-12-01): power-law 1M Aᵀu (avg 21.1, p95 29, u 4 MB)
+    G = 4 167.2 µs, G = 8 150.0; uniform 2M Aᵀu (avg 16, p95 23, u 8 MB) 272.8 vs 257.1. Kept at 4: rows of one
+    length (uniform Ax, exactly 16: 0.96x cuSPARSE; bundle Ax, 12: G = 8 129.5 vs 72.7), a wide spread (bundle 1M
+    Aᵀu, p95 108 > 2 avg: G = 8 102.5 vs 99.4) and L1-resident x (LSQ Ax, avg 18-21: 1.25x / 1.03x cuSPARSE)."""
+    g = _vector_group(avg)
+    if (
+        g == 4
+        and profile is not None
+        and 16 <= profile.avg < 64
+        and profile.avg < profile.p95 <= 2 * profile.avg
+        and k * itemsize > _L1_BYTES
+    ):
+        return 8
+    return g
+
+
 def choose_algorithm(profile: RowProfile | None, m: int, nnz: int, k: int = 0, itemsize: int = 4) -> str:
     """The dispatch rule (docs/sparse.md): split for power-law/straggler rows (max > max(2048, 32 avg)); every
     other matrix takes the row-block kernel ("vector") with G lanes per row from the average row length
@@ -181,18 +202,20 @@ def segments_host(indptr: np.ndarray, rows: int = DEFAULT_SEGMENT_ROWS) -> list[
 
 
 def segmented_applies(indptr: np.ndarray, rows: int = DEFAULT_SEGMENT_ROWS) -> bool:
-    """The segmented plan's rule: the row classes have more than one G and the rows outside the class with the
-    most nnz hold at least _SEGMENT_MIN_MINORITY of the nnz (e.g. CSR(Aᵀ) of a bundle-adjustment Jacobian:
-    camera rows of ~100 entries, G = 8, then point rows of ~8, G = 1; the whole-matrix rule gives G = 4)."""
+    """The segmented plan's auto rule (for a matrix the whole-matrix rule sends to ``vector``): in the segment
+    table (segments_host) the warp-per-row class (G = 32, chunk average >= 256) holds >= _SEGMENT_MIN_SHARE of the
+    nnz and the other classes together hold >= _SEGMENT_MIN_SHARE too. Measured on the H200 (spmv_bench --tails,
+    2026-12-01), the only win: CSR(Aᵀ) of LSMR's ba-like Jacobian (~18k camera rows of ~500, then ~600k point rows
+    of ~5; avg 19.4): vector G = 4 60.2 µs (0.73x cuSPARSE), segmented 46.8 (0.93x). No gain where the long class
+    is G = 8 (bundle-adjustment 1M Aᵀu, camera rows ~100: 104-111 vs 99.4), and slower on one-class matrices
+    (bundle Ax 0.81x vs 1.06x, uniform Aᵀu 0.85x vs 0.90x), which the rule never picks."""
     ip = np.asarray(indptr, np.int64)
-    segs = segments_host(ip, rows)
-    if len({g for _, _, g in segs}) < 2:
-        return False
     per_g: dict[int, int] = {}
-    for b, e, g in segs:
+    for b, e, g in segments_host(ip, rows):
         per_g[g] = per_g.get(g, 0) + int(ip[e] - ip[b])
     total = sum(per_g.values())
-    return total > 0 and total - max(per_g.values()) >= _SEGMENT_MIN_MINORITY * total
+    warp = per_g.get(32, 0)
+    return total > 0 and warp >= _SEGMENT_MIN_SHARE * total and total - warp >= _SEGMENT_MIN_SHARE * total
 
 
 def _segment_table(segs) -> tuple[np.ndarray, np.ndarray, int]:
@@ -223,16 +246,20 @@ def _stream_rows(indptr, m: int, nnz: int) -> int:
     return rows
 
 
-def _group_for(algorithm: str, profile: RowProfile | None, m: int, nnz: int) -> int:
+def _group_for(
+    algorithm: str, profile: RowProfile | None, m: int, nnz: int, k: int = 0, itemsize: int = 4
+) -> int:
     if algorithm in ("warp", "cta"):
         return 32
     avg = profile.avg if profile is not None else (nnz / m if m else 0.0)
-    if algorithm in _SPLIT_ALGS:
+    if algorithm == "split":
         # Short rows only (bounded by the chunk): from the p95, twice the uniform-row G, since a power-law's short
         # rows vary widely (measured: G = 8 for the 1M power-law matrix; G = 4 was 7% slower).
         if profile is not None:
             avg = min(avg, profile.p95)
         return min(32, 2 * _vector_group(avg))
+    if algorithm == "vector":
+        return _vector_group_for(profile, avg, k, itemsize)
     return _vector_group(avg)
 
 
@@ -341,7 +368,6 @@ SLAB_CTAS_PER_SM = 2  # must match kSlabCtasPerSm (ffi_cuda/sparse/slab_spmv_ker
 _SLAB_MAX_WIDTH = 65536  # local columns are uint16
 _SLAB_GROUPS = (4, 8, 16, 32)
 _DEFAULT_SMS = 132  # H100/H200 SXM, used when no GPU is visible (CPU builds, traced tests)
-_L1_BYTES = 128 * 1024  # a u this small is gathered from L1 by the CSR kernel: slabs do not pay
 _HBM_BPS, _L2_BPS, _SECTORS_PER_S = 3.5e12, 8e12, 140e9  # H200, measured (docs/sparse.md)
 
 
@@ -529,13 +555,9 @@ def _build_slabs(indptr, indices, values, m: int, k: int, items: int | None = No
 
 
 # ------------------------------------------------------------------------------------------ long-row lists
-def _long_rows_host(
-    indptr: np.ndarray, chunk: int, longest_first: bool = False
-) -> tuple[np.ndarray, np.ndarray, int]:
+def _long_rows_host(indptr: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, int]:
     lens = np.diff(np.asarray(indptr, np.int64))
     rows = np.nonzero(lens > chunk)[0].astype(np.int32)
-    if longest_first:  # split1: the heaviest rows' units get the first CTAs (stable: ties in row order)
-        rows = rows[np.argsort(-lens[rows], kind="stable")]
     units = -(-lens[rows] // chunk)
     ptr = np.concatenate([[0], np.cumsum(units)]).astype(np.int64)
     if ptr[-1] > _INT32_MAX:
@@ -575,16 +597,11 @@ def _make_plan(
     if algorithm is not None and algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS} or None, got {algorithm!r}")
     alg = algorithm or choose_algorithm(profile, m, nnz, k, itemsize)
-    if (
-        algorithm is None
-        and _AUTO_SEGMENTED
-        and alg == "vector"
-        and profile is not None
-        and _is_concrete(indptr)
-    ):
-        if segmented_applies(np.asarray(indptr), split_chunk or DEFAULT_SEGMENT_ROWS):
+    if algorithm is None and alg == "vector" and profile is not None and _is_concrete(indptr):
+        if segmented_applies(np.asarray(indptr)):
             alg = "segmented"
-    group = _group_for(alg, profile, m, nnz)
+    seg_rows = DEFAULT_SEGMENT_ROWS if algorithm is None else (split_chunk or DEFAULT_SEGMENT_ROWS)
+    group = _group_for(alg, profile, m, nnz, k, itemsize)
     if alg == "stream":
         chunk = _stream_rows(indptr, m, nnz)
         return Plan(alg, group, chunk, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
@@ -592,17 +609,15 @@ def _make_plan(
         # the table needs the concrete indptr: traced input takes the vector plan
         if not _is_concrete(indptr):
             return Plan("vector", group, 0, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
-        table, ptr, ctas = _segment_table(
-            segments_host(np.asarray(indptr), split_chunk or DEFAULT_SEGMENT_ROWS)
-        )
+        table, ptr, ctas = _segment_table(segments_host(np.asarray(indptr), seg_rows))
         return Plan(alg, group, ctas, 0), jnp.asarray(table), jnp.asarray(ptr)
-    if alg not in _SPLIT_ALGS:
+    if alg != "split":
         return Plan(alg, group, 0, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
     chunk = int(split_chunk or DEFAULT_SPLIT_CHUNK)
     if chunk < 1:
         raise ValueError(f"split_chunk must be >= 1, got {chunk}")
     if _is_concrete(indptr):
-        rows, ptr, units = _long_rows_host(np.asarray(indptr), chunk, longest_first=alg == "split1")
+        rows, ptr, units = _long_rows_host(np.asarray(indptr), chunk)
         return Plan(alg, group, chunk, units), jnp.asarray(rows), jnp.asarray(ptr)
     rows, ptr, units = _long_rows_traced(indptr, nnz, chunk)
     return Plan(alg, group, chunk, units), rows, ptr
@@ -661,9 +676,7 @@ def _ffi_spmm(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr, 
         plan, long_rows, long_ptr = _make_plan(indptr, int(indices.shape[0]), m, None, "split", None)
     acc = _acc_dtype(values.dtype)
     out = jax.ShapeDtypeStruct((m, n), values.dtype)
-    # split1: the long rows' int32 counters follow the partials (spmm_params.h)
-    counters = int(long_rows.shape[0]) if plan.algorithm == "split1" else 0
-    ws = jax.ShapeDtypeStruct((max(plan.units * n + counters, 1),), acc)
+    ws = jax.ShapeDtypeStruct((max(plan.units * n, 1),), acc)
     aliases = {6: 0} if y.size else None
     res, _ = _ffi.ffi_call(
         "jax_ops_sparse_csr_spmm",
@@ -1194,7 +1207,7 @@ def _matmul_sparse_dense(A, B, *, algorithm, split_chunk, implementation, name):
     indptr, indices, values, m, k, _ = _as_csr(A)
     nnz = int(indices.shape[0])
     b2, vec = _dense(name, B, k, values.dtype, what=f"A of shape {(m, k)}")
-    if algorithm in _SPLIT_ALGS or implementation == "xla":
+    if algorithm == "split" or implementation == "xla":
         indptr = _sanitize_indptr(indptr, nnz)
     plan, lr, lp = _make_plan(indptr, nnz, m, None, algorithm, split_chunk)
     n = b2.shape[1]
