@@ -601,13 +601,33 @@ static void FreeCase(Case& c) {
   Free(c.d);
 }
 
-// The plan jax_ops.sparse dispatches today (choose_algorithm/_group_for), through LaunchCsrSpmm.
+// jax_ops.sparse.segmented_applies: the G = 32 class of the 4096-row segment table and the other classes each hold
+// >= 10 % of the nnz.
+static bool SegmentedApplies(const Csr& h) {
+  std::vector<int32_t> table, ptr;
+  Segments(h, 4096, 1.0, &table, &ptr);
+  int64_t warp = 0, total = 0;
+  for (size_t sg = 0; sg + 2 < table.size(); sg += 3) {
+    const int64_t nnz = int64_t{h.indptr[table[sg + 1]]} - h.indptr[table[sg]];
+    total += nnz;
+    if (table[sg + 2] == 32) warp += nnz;
+  }
+  return total > 0 && warp >= 0.1 * total && total - warp >= 0.1 * total;
+}
+
+// The plan jax_ops.sparse dispatches today (choose_algorithm/_group_for/_vector_group_for, segmented_applies),
+// through LaunchCsrSpmm (f32: the gathered operand is K * 4 bytes).
 static Result Production(Case& c) {
   const Profile p = ProfileOf(*c.host);
   const bool long_rows = p.max > std::max(2048.0, 32 * p.avg);
   SpmmArgs<float, float> a = BaseArgs(c);
   std::string name;
-  if (long_rows) {
+  if (!long_rows && p.avg < 256 && SegmentedApplies(*c.host)) {
+    SetSegments(c, 4096, 1.0);
+    a = BaseArgs(c);
+    a.algorithm = kSegmented, a.chunk = c.units, a.num_long = c.num_long;
+    name = "NEW segmented r=4096 S=" + std::to_string(c.num_long);
+  } else if (long_rows) {
     const int64_t chunk = 256;
     SetSplit(c, chunk);
     a = BaseArgs(c);
@@ -617,6 +637,8 @@ static Result Production(Case& c) {
   } else {
     a.algorithm = kVector;
     a.group = RuleGroup(p.avg);
+    const bool varied = p.avg >= 16 && p.avg < 64 && p.avg < p.p95 && p.p95 <= 2 * p.avg;
+    if (a.group == 4 && varied && c.d.k * 4 > 128 * 1024) a.group = 8;  // the operand is not L1-resident
     name = "NEW vector G=" + std::to_string(a.group);
   }
   Result r = Measure(c, name, [&] { CHECK((LaunchCsrSpmm<float, float>(nullptr, a, false, c.sms))); });
@@ -1368,7 +1390,6 @@ static void TailsCase(const Csr& mat, const char* op, cusparseHandle_t handle, i
     row.all.push_back({r.plan, r.ok ? r.us : -1});
     if (r.ok && (row.best == 0 || r.us < row.best)) row.best = r.us, row.best_plan = r.plan;
   };
-  const int64_t cap = int64_t{sms} * 64;
   const bool long_rows = p.max > std::max(2048.0, 32 * p.avg);
   const int g0 = RuleGroup(p.avg);
   // vector with G around the rule (library config per G)
