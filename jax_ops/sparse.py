@@ -56,8 +56,17 @@ __all__ = [
     "ALGORITHMS",
 ]
 
-ALGORITHMS = ("vector", "warp", "cta", "split", "stream")
-_ALG_CODE = {"vector": 0, "warp": 0, "cta": 1, "split": 2, "stream": 3}
+ALGORITHMS = ("vector", "warp", "cta", "split", "stream", "segmented")
+_ALG_CODE = {"vector": 0, "warp": 0, "cta": 1, "split": 2, "stream": 3, "segmented": 4}
+# Segmented (row-class) plan: rows are classified in chunks of DEFAULT_SEGMENT_ROWS rows (each chunk's G from its own
+# average, _vector_group), adjacent chunks with the same G merged into segments. 4096 rows per chunk: H200 --tails,
+# LSMR ba-like Aᵀu 46.8 µs (1024 rows, without the 4-CTA/SM bound: 48.9; 16384: 90.9).
+DEFAULT_SEGMENT_ROWS = 4096
+# The auto rule (segmented_applies): the warp-per-row class (G = 32) and the other classes each hold >= 10% of nnz.
+_SEGMENT_MIN_SHARE = 0.1
+# The dense operand a product gathers lives in L1 when it has at most this many bytes (128 KiB; H100/H200 L1 is
+# 256 KiB per SM, shared with shared memory): then gathers are L1 hits, and the vector G and the slab model differ.
+_L1_BYTES = 128 * 1024
 # CSR-stream SpMV: products of a block of rows staged in shared memory (must match kStreamCap in spmm_params.h).
 STREAM_CAP = 4096
 _STREAM_ROWS = (8, 256)  # rows per CTA: a power of two in this range
@@ -133,6 +142,25 @@ def _vector_group(avg: float) -> int:
     return 32
 
 
+def _vector_group_for(profile: RowProfile | None, avg: float, k: int, itemsize: int) -> int:
+    """G of the vector plan: _vector_group(avg), except G = 8 instead of 4 for varying rows of 16..63 entries
+    (16 <= avg < 64, avg < p95 <= 2 avg) whose gathered dense operand is not L1-resident (k * itemsize >
+    _L1_BYTES). Measured on the H200 (spmv_bench --tails, 2026-12-01): power-law 1M Aᵀu (avg 21.1, p95 29, u 4 MB)
+    G = 4 167.2 µs, G = 8 150.0; uniform 2M Aᵀu (avg 16, p95 23, u 8 MB) 272.8 vs 257.1. Kept at 4: rows of one
+    length (uniform Ax, exactly 16: 0.96x cuSPARSE; bundle Ax, 12: G = 8 129.5 vs 72.7), a wide spread (bundle 1M
+    Aᵀu, p95 108 > 2 avg: G = 8 102.5 vs 99.4) and L1-resident x (LSQ Ax, avg 18-21: 1.25x / 1.03x cuSPARSE)."""
+    g = _vector_group(avg)
+    if (
+        g == 4
+        and profile is not None
+        and 16 <= profile.avg < 64
+        and profile.avg < profile.p95 <= 2 * profile.avg
+        and k * itemsize > _L1_BYTES
+    ):
+        return 8
+    return g
+
+
 def choose_algorithm(profile: RowProfile | None, m: int, nnz: int, k: int = 0, itemsize: int = 4) -> str:
     """The dispatch rule (docs/sparse.md): split for power-law/straggler rows (max > max(2048, 32 avg)); every
     other matrix takes the row-block kernel ("vector") with G lanes per row from the average row length
@@ -145,6 +173,59 @@ def choose_algorithm(profile: RowProfile | None, m: int, nnz: int, k: int = 0, i
     if profile.max > max(2048, 32 * profile.avg):
         return "split"
     return "warp" if profile.avg >= 256 else "vector"
+
+
+def _segment_rows_per_cta(g: int) -> int:
+    """Rows a 256-thread CTA of the row-block kernel covers per step (SegmentRowsPerCta in spmm_params.h)."""
+    return 8 * (32 if g == 1 else 2 * (32 // g))
+
+
+def segments_host(indptr: np.ndarray, rows: int = DEFAULT_SEGMENT_ROWS) -> list[tuple[int, int, int]]:
+    """Row classes of a concrete indptr: chunks of ``rows`` rows, each with G = _vector_group(chunk average),
+    adjacent chunks with equal G merged. Returns [(row begin, row end, G)] covering [0, M) in order."""
+    ip = np.asarray(indptr, np.int64)
+    m = ip.shape[0] - 1
+    if m <= 0:
+        return [(0, 0, 1)]
+    rows = max(1, int(rows))
+    starts = np.arange(0, m, rows)
+    ends = np.minimum(starts + rows, m)
+    avgs = (ip[ends] - ip[starts]) / (ends - starts)
+    segs: list[list[int]] = []
+    for b, e, a in zip(starts.tolist(), ends.tolist(), avgs.tolist()):
+        g = _vector_group(a)
+        if segs and segs[-1][2] == g:
+            segs[-1][1] = e
+        else:
+            segs.append([b, e, g])
+    return [tuple(x) for x in segs]
+
+
+def segmented_applies(indptr: np.ndarray, rows: int = DEFAULT_SEGMENT_ROWS) -> bool:
+    """The segmented plan's auto rule (for a matrix the whole-matrix rule sends to ``vector``): in the segment
+    table (segments_host) the warp-per-row class (G = 32, chunk average >= 256) holds >= _SEGMENT_MIN_SHARE of the
+    nnz and the other classes together hold >= _SEGMENT_MIN_SHARE too. Measured on the H200 (spmv_bench --tails,
+    2026-12-01), the only win: CSR(Aᵀ) of LSMR's ba-like Jacobian (~18k camera rows of ~500, then ~600k point rows
+    of ~5; avg 19.4): vector G = 4 60.2 µs (0.73x cuSPARSE), segmented 46.8 (0.93x). No gain where the long class
+    is G = 8 (bundle-adjustment 1M Aᵀu, camera rows ~100: 104-111 vs 99.4), and slower on one-class matrices
+    (bundle Ax 0.81x vs 1.06x, uniform Aᵀu 0.85x vs 0.90x), which the rule never picks."""
+    ip = np.asarray(indptr, np.int64)
+    per_g: dict[int, int] = {}
+    for b, e, g in segments_host(ip, rows):
+        per_g[g] = per_g.get(g, 0) + int(ip[e] - ip[b])
+    total = sum(per_g.values())
+    warp = per_g.get(32, 0)
+    return total > 0 and warp >= _SEGMENT_MIN_SHARE * total and total - warp >= _SEGMENT_MIN_SHARE * total
+
+
+def _segment_table(segs) -> tuple[np.ndarray, np.ndarray, int]:
+    """(table int32[3 S], CTA prefix int32[S + 1], CTAs) of the segmented kernel: one CTA per row-block step."""
+    table = np.asarray([x for seg in segs for x in seg], np.int32)
+    ctas = [max(1, -(-(e - b) // _segment_rows_per_cta(g))) for b, e, g in segs]
+    ptr = np.concatenate([[0], np.cumsum(ctas)]).astype(np.int64)
+    if ptr[-1] > _INT32_MAX:
+        raise ValueError("too many CTAs for the segmented plan")
+    return table, ptr.astype(np.int32), int(ptr[-1])
 
 
 def _stream_rows(indptr, m: int, nnz: int) -> int:
@@ -165,7 +246,9 @@ def _stream_rows(indptr, m: int, nnz: int) -> int:
     return rows
 
 
-def _group_for(algorithm: str, profile: RowProfile | None, m: int, nnz: int) -> int:
+def _group_for(
+    algorithm: str, profile: RowProfile | None, m: int, nnz: int, k: int = 0, itemsize: int = 4
+) -> int:
     if algorithm in ("warp", "cta"):
         return 32
     avg = profile.avg if profile is not None else (nnz / m if m else 0.0)
@@ -175,6 +258,8 @@ def _group_for(algorithm: str, profile: RowProfile | None, m: int, nnz: int) -> 
         if profile is not None:
             avg = min(avg, profile.p95)
         return min(32, 2 * _vector_group(avg))
+    if algorithm == "vector":
+        return _vector_group_for(profile, avg, k, itemsize)
     return _vector_group(avg)
 
 
@@ -283,7 +368,6 @@ SLAB_CTAS_PER_SM = 2  # must match kSlabCtasPerSm (ffi_cuda/sparse/slab_spmv_ker
 _SLAB_MAX_WIDTH = 65536  # local columns are uint16
 _SLAB_GROUPS = (4, 8, 16, 32)
 _DEFAULT_SMS = 132  # H100/H200 SXM, used when no GPU is visible (CPU builds, traced tests)
-_L1_BYTES = 128 * 1024  # a u this small is gathered from L1 by the CSR kernel: slabs do not pay
 _HBM_BPS, _L2_BPS, _SECTORS_PER_S = 3.5e12, 8e12, 140e9  # H200, measured (docs/sparse.md)
 
 
@@ -513,10 +597,20 @@ def _make_plan(
     if algorithm is not None and algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS} or None, got {algorithm!r}")
     alg = algorithm or choose_algorithm(profile, m, nnz, k, itemsize)
-    group = _group_for(alg, profile, m, nnz)
+    if algorithm is None and alg == "vector" and profile is not None and _is_concrete(indptr):
+        if segmented_applies(np.asarray(indptr)):
+            alg = "segmented"
+    seg_rows = DEFAULT_SEGMENT_ROWS if algorithm is None else (split_chunk or DEFAULT_SEGMENT_ROWS)
+    group = _group_for(alg, profile, m, nnz, k, itemsize)
     if alg == "stream":
         chunk = _stream_rows(indptr, m, nnz)
         return Plan(alg, group, chunk, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
+    if alg == "segmented":
+        # the table needs the concrete indptr: traced input takes the vector plan
+        if not _is_concrete(indptr):
+            return Plan("vector", group, 0, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
+        table, ptr, ctas = _segment_table(segments_host(np.asarray(indptr), seg_rows))
+        return Plan(alg, group, ctas, 0), jnp.asarray(table), jnp.asarray(ptr)
     if alg != "split":
         return Plan(alg, group, 0, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
     chunk = int(split_chunk or DEFAULT_SPLIT_CHUNK)
@@ -561,7 +655,7 @@ _SPMM_SPLIT_MAX_WORKSPACE = 1 << 28  # bytes of per-unit partials the split SpMM
 
 def spmm_takes_split(plan: Plan, m: int, nnz: int, n: int, itemsize: int) -> bool:
     """Whether an N-column product with this plan runs as split (see _SPMM_MIN_LANES)."""
-    if n <= 1 or plan.algorithm not in ("vector", "warp", "cta") or m == 0:
+    if n <= 1 or plan.algorithm not in ("vector", "warp", "cta", "segmented") or m == 0:
         return False
     if nnz < 2 * DEFAULT_SPLIT_CHUNK * m:
         return False

@@ -444,3 +444,182 @@ def test_spmm_of_few_long_rows_takes_split():
     assert _rel(out, d.T @ _f64(U[:, :5])) < 1e-5
     g = jax.grad(lambda U: jnp.sum(pair.rmatmat(U) ** 2))(U)  # dU = A (2 Aᵀ U): the forward SpMM of A
     assert _rel(g, d @ (2 * (d.T @ _f64(U)))) < 1e-5
+
+
+# ------------------------------------------------------------------------------------- the segmented plan
+def _ragged_cases():
+    """Ragged CSR matrices for the segmented plan: empty rows + one huge row, all rows long, rows at the chunk
+    boundary (chunk 8), two contiguous row classes (long then short rows, as CSR(Aᵀ) of bundle adjustment)."""
+    rng = np.random.default_rng(7)
+
+    def from_lens(lens, k):
+        lens = np.asarray(lens, np.int64)
+        indptr = np.concatenate([[0], np.cumsum(lens)])
+        cols = rng.integers(0, k, indptr[-1])
+        return sp.csr_matrix((rng.standard_normal(indptr[-1]), cols, indptr), shape=(lens.size, k))
+
+    huge = np.where(np.arange(60) % 5 == 0, 0, np.arange(60) % 3)
+    huge[7] = 700
+    return [
+        from_lens(huge, 90),
+        from_lens(20 + (np.arange(12) * 7) % 30, 80),
+        from_lens(np.tile([0, 7, 8, 9, 16, 17, 1], 9), 40),
+        from_lens(np.concatenate([np.full(300, 40), np.full(900, 3)]), 500),
+        from_lens(np.concatenate([np.full(300, 300), np.full(3000, 5), np.full(100, 300)]), 2000),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [*DTYPES, np.float64])
+def test_segmented_ragged(dtype):
+    with jax.enable_x64(dtype == np.float64):
+        for a in _ragged_cases():
+            A = _bcsr(a, dtype)
+            d = _dense_of(A)
+            m, k = a.shape
+            x, u, y = _rand((k,), dtype), _rand((m,), dtype, seed=2), _rand((m,), dtype, seed=3)
+            pair = sparse.csr_pair(A, algorithm="segmented", transpose_algorithm="segmented", split_chunk=8)
+            assert pair.plan.algorithm == "segmented"
+            out = jax.jit(lambda p, x, y: p.matvec(x, alpha=0.75, beta=-0.5, y=y))(pair, x, y)
+            assert _rel(out, 0.75 * (d @ _f64(x)) - 0.5 * _f64(y)) < TOL[dtype]
+            assert _rel(jax.jit(lambda p, u: p.rmatvec(u))(pair, u), d.T @ _f64(u)) < TOL[dtype]
+            B = _rand((k, 5), dtype)
+            assert _rel(jax.jit(lambda p, B: p.matmat(B))(pair, B), d @ _f64(B)) < TOL[dtype]
+            raw = sparse.matmul(A, x, algorithm="segmented", split_chunk=8)  # concrete indptr: same plan
+            assert _rel(raw, d @ _f64(x)) < TOL[dtype]
+
+
+def test_split1_removed():
+    assert "split1" not in sparse.ALGORITHMS  # measured on the H200 and rejected (docs/sparse.md)
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        sparse.matmul(_bcsr(_ragged_cases()[0], np.float32), jnp.ones((90,)), algorithm="split1")
+
+
+def test_segments_rule():
+    two = _ragged_cases()[3]  # rows of 40 (G = 4) then rows of 3 (G = 1): no warp-per-row class
+    segs = sparse.segments_host(two.indptr, 100)
+    assert segs == [(0, 300, 4), (300, 1200, 1)]
+    assert not sparse.segmented_applies(two.indptr, 100)
+    warp = _ragged_cases()[4]  # rows of 300 (G = 32), rows of 5, rows of 300 again
+    assert sparse.segments_host(warp.indptr, 100) == [(0, 300, 32), (300, 3300, 1), (3300, 3400, 32)]
+    assert sparse.segmented_applies(warp.indptr, 100)
+    uniform = sp.random(5000, 300, density=0.05, format="csr", random_state=1)
+    assert not sparse.segmented_applies(uniform.indptr)  # one class
+    lens = np.concatenate([np.full(4000, 300), np.full(1000, 3)])  # the short class holds < 10% of nnz
+    assert not sparse.segmented_applies(np.concatenate([[0], np.cumsum(lens)]), 100)
+    lens = np.concatenate([np.full(30, 300), np.full(20000, 5)])  # the warp class holds < 10% of nnz
+    assert not sparse.segmented_applies(np.concatenate([[0], np.cumsum(lens)]), 10)
+    table, ptr, ctas = sparse._segment_table(segs)
+    assert list(table) == [0, 300, 4, 300, 1200, 1]
+    assert list(ptr) == [0, 3, 7] and ctas == 7  # 128 rows per CTA at G = 4, 256 at G = 1
+
+
+def test_segmented_traced_falls_back_to_vector():
+    a = _ragged_cases()[3]
+    A = _bcsr(a, np.float32)
+    x = _rand((a.shape[1],), np.float32)
+    out = jax.jit(lambda A, x: sparse.matmul(A, x, algorithm="segmented"))(A, x)
+    assert _rel(out, _dense_of(A) @ _f64(x)) < 1e-5
+
+
+def _auto_plan(indptr, k, itemsize=4):
+    """The plan the default dispatch gives a matrix with this concrete indptr and k columns."""
+    ip = np.asarray(indptr, np.int64)
+    prof = sparse.RowProfile.from_indptr(ip)
+    plan, _, _ = sparse._make_plan(
+        ip.astype(np.int32), int(ip[-1]), ip.size - 1, prof, None, None, k, itemsize
+    )
+    return plan
+
+
+def _t_indptr(cols, k):
+    return np.concatenate([[0], np.cumsum(np.bincount(cols, minlength=k))])
+
+
+def test_segmented_auto_rule_outcomes():
+    """The auto rule on the measured matrices' structure (jax_ops.bench generators): fires on CSR(Aᵀ) of LSMR's
+    ba-like Jacobian (18k camera rows of 500, then 600k point rows of 5), not on bundle-adjustment Aᵀ (camera rows
+    of ~100: G = 8 class), nor on the suite's Ax matrices or uniform / power-law / LSQ Aᵀ (half-size analogues
+    where the full generator is slow; same row classes)."""
+    from jax_ops.bench.sparse import (
+        gen_bundle_adjustment,
+        gen_lsq,
+        gen_poisson,
+        gen_power_law,
+        gen_uniform,
+    )
+
+    ip, cols, _, (m, k) = gen_bundle_adjustment(500_000, 2_000, 200_000)  # = LSMR's ba-like 1Mx618k
+    t = _t_indptr(cols, k)
+    assert [g for _, _, g in sparse.segments_host(t)] == [32, 16, 1]
+    plan = _auto_plan(t, m)
+    assert plan.algorithm == "segmented" and plan.chunk == sparse._segment_table(sparse.segments_host(t))[2]
+    assert _auto_plan(ip, k).algorithm == "vector"  # its Ax: 12 per row
+    # bundle-adj 1M's classes (camera rows of 100, point rows of 8), half size
+    ip, cols, _, (m, k) = gen_bundle_adjustment(500_000, 10_000, 125_000)
+    t = _t_indptr(cols, k)
+    assert [g for _, _, g in sparse.segments_host(t)] == [8, 1]
+    assert (_auto_plan(t, m).algorithm, _auto_plan(t, m).group) == ("vector", 4)
+    assert not sparse.segmented_applies(t)
+    suite = {
+        "uniform": gen_uniform(200_000, 200_000, 16),
+        "power-law": gen_power_law(200_000, 200_000),
+        "poisson2d": gen_poisson((256, 256)),
+        "poisson3d": gen_poisson((32, 32, 32)),
+        "lsq 306136": gen_lsq(306_136, 6_177, 18),
+        "lsq 936063": gen_lsq(936_063, 23_394, 21),
+        "bundle": gen_bundle_adjustment(100_000, 2_000, 25_000),
+    }
+    for name, (ip, cols, _, (m, k)) in suite.items():
+        for what, ipx, kx in (("Ax", ip, k), ("ATu", _t_indptr(cols, k), m)):
+            if name == "bundle" and what == "ATu":
+                continue  # covered above
+            assert not sparse.segmented_applies(ipx), (name, what)
+            assert _auto_plan(ipx, kx).algorithm != "segmented", (name, what)
+
+
+def _prof(avg, p95, mx, rows=1_000_000):
+    return sparse.RowProfile(rows, int(avg * rows), avg, p95, mx, 0.3)
+
+
+def test_vector_group_rule_outcomes():
+    """N = 1 vector G (docs/sparse.md dispatch table) on the profiles measured on the H200."""
+    group = lambda prof, k, itemsize=4: sparse._group_for("vector", prof, prof.rows, prof.nnz, k, itemsize)
+    assert group(_prof(21.1, 29, 47), 1_000_000) == 8  # power-law 1M Aᵀu (u 4 MB): 167.2 -> 150.0 µs
+    assert group(_prof(16.0, 23, 40, 2_000_000), 2_000_000) == 8  # uniform 2M Aᵀu: 272.8 -> 257.1 µs
+    assert group(_prof(25.8, 108, 156), 2_000_000) == 4  # bundle 1M Aᵀu: p95 > 2 avg
+    assert group(_prof(12.0, 12, 12, 2_000_000), 930_000) == 4  # bundle Ax: one row length (and < 16)
+    assert group(_prof(16.0, 16, 16, 2_000_000), 2_000_000) == 4  # uniform Ax: exactly 16 per row
+    assert group(_prof(18.0, 25, 39, 306_136), 6_177) == 4  # LSQ Ax: x L1-resident (24.7 KB)
+    assert group(_prof(21.0, 29, 46, 936_063), 23_394) == 4  # LSQ Ax: x L1-resident (93.6 KB)
+    assert group(_prof(19.4, 12, 636, 618_000), 1_000_000) == 4  # ba-like Aᵀu (p95 < avg; segmented instead)
+    assert group(_prof(21.0, 29, 46), 32_768) == 4  # exactly 128 KiB: still L1
+    assert group(_prof(21.0, 29, 46), 32_769) == 8
+    assert group(_prof(21.0, 29, 46), 20_000, itemsize=8) == 8  # f64: 160 KB
+    assert group(_prof(15.9, 23, 40), 1_000_000) == 4  # avg < 16
+    assert group(_prof(70.0, 100, 140), 1_000_000) == 8  # avg >= 64: the base rule
+    assert sparse._group_for("vector", None, 1000, 21_000, 1_000_000) == 4  # traced: avg only
+    assert sparse._group_for("split", _prof(21.1, 29, 200_000), 1, 1, 1_000_000) == 8  # split: unchanged
+
+
+def test_default_dispatch_segmented():
+    """The auto rule through csr_pair: one 4096-row chunk of rows of 300 (G = 32, 83% of nnz) then 50000 rows of
+    5 (G = 1) take the segmented plan; the small two-class case (one mixed 4096-row chunk) stays vector; a traced
+    indptr takes the vector plan."""
+    small = sparse.csr_pair(_bcsr(_ragged_cases()[4], np.float32))
+    assert small.plan.algorithm == "vector"
+    rng = np.random.default_rng(5)
+    lens = np.concatenate([np.full(4096, 300), np.full(50_000, 5)])
+    indptr = np.concatenate([[0], np.cumsum(lens)])
+    a = sp.csr_matrix(
+        (rng.standard_normal(indptr[-1]).astype(np.float32), rng.integers(0, 3000, indptr[-1]), indptr),
+        shape=(lens.size, 3000),
+    )
+    A = _bcsr(a, np.float32)
+    pair = sparse.csr_pair(A)
+    assert pair.plan.algorithm == "segmented" and pair.plan_t.algorithm != "segmented"
+    x = _rand((a.shape[1],), np.float32)
+    ref = a.astype(np.float64) @ _f64(x)
+    f = jax.jit(lambda p, x: p.matvec(x))
+    assert _rel(f(pair, x), ref) < 1e-5
+    assert "algorithm = 4" in f.lower(pair, x).as_text()
+    assert _rel(jax.jit(lambda A, x: sparse.matmul(A, x))(A, x), ref) < 1e-5  # traced indptr: vector

@@ -302,3 +302,76 @@ def test_slabs_vs_csr_lsq(dtype):
         assert _rel(g(pair, u, y), ref_a.T @ u64 - 2.0 * y64) < TOL[dtype]
         U, U64 = _dense_in((2, 306_136), dtype, _gpu(), seed=3)
         assert _rel(jax.jit(jax.vmap(pair.rmatvec))(U), (ref_a.T @ U64.T).T) < TOL[dtype]
+
+
+# ------------------------------------------------------------------------------------- the segmented plan
+def _row_classes(seed=12):
+    """Ragged CSR(Aᵀ)-like rows in contiguous classes: 2500 rows of ~300 (G = 32), 3000 of ~100 (G = 8), 9000
+    short ones (0..11, empty rows included, G = 1) with one huge row, then 700 rows of ~40 (G = 4)."""
+    rng = np.random.default_rng(seed)
+    lens = np.concatenate(
+        [
+            250 + rng.integers(0, 101, 2500),
+            90 + rng.integers(0, 21, 3000),
+            rng.integers(0, 12, 9000),
+            30 + rng.integers(0, 21, 700),
+        ]
+    )
+    lens[8000] = 30000
+    indptr = np.concatenate([[0], np.cumsum(lens)])
+    cols = rng.integers(0, 7000, indptr[-1])
+    return sp.csr_matrix((rng.standard_normal(indptr[-1]), cols, indptr), shape=(lens.size, 7000))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, jnp.bfloat16])
+def test_small_segmented_poisoned(dtype):
+    """segmented forced (1024-row chunks: several G per launch) on the ragged classes: GPU vs the CPU twin and
+    float64, also into a poisoned output (the donated y aliased to the result: an unwritten row keeps y's
+    value); deterministic run to run."""
+    with jax.enable_x64(dtype == np.float64):
+        a = _row_classes()
+        ref_a = _rounded(a, dtype)
+        m, k = a.shape
+        outs = {}
+        for dev in (_gpu(), _cpu()):
+            pair = sparse.csr_pair(_bcsr(a, dtype, dev), algorithm="segmented", split_chunk=1024)
+            assert pair.plan.algorithm == "segmented"
+            assert {int(g) for g in np.asarray(pair.long_rows)[2::3]} >= {1, 4, 8, 32}
+            x, x64 = _dense_in((k,), dtype, dev)
+            y, y64 = _dense_in((m,), dtype, dev, seed=3)
+            f = jax.jit(lambda p, x, y: p.matvec(x, alpha=0.75, beta=-0.5, y=y))
+            out = f(pair, x, y)
+            assert _rel(out, 0.75 * (ref_a @ x64) - 0.5 * y64) < TOL[dtype]
+            # the output is y itself (donated, aliased): an unwritten element would keep y's value
+            g = jax.jit(lambda p, x, y: p.matvec(x, beta=-0.5, y=y), donate_argnums=(2,))
+            y2, _ = _dense_in((m,), dtype, dev, seed=3)
+            assert _rel(g(pair, x, y2), ref_a @ x64 - 0.5 * y64) < TOL[dtype]
+            outs[dev.platform] = np.asarray(out.astype(jnp.float32) if dtype != np.float64 else out)
+            if dev.platform == "gpu":
+                for _ in range(3):  # deterministic
+                    assert np.array_equal(np.asarray(f(pair, x, y)), np.asarray(out))
+        assert _rel(outs["gpu"], outs["cpu"]) < 2 * TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_small_segmented_auto(dtype):
+    """The auto rule's case (one 4096-row chunk of rows of 300, then short rows): dispatched segmented; matvec and
+    the transposed product vs float64 and the CPU twin."""
+    with jax.enable_x64(dtype == np.float64):
+        rng = np.random.default_rng(5)
+        lens = np.concatenate([250 + rng.integers(0, 101, 4096), rng.integers(0, 11, 50_000)])
+        indptr = np.concatenate([[0], np.cumsum(lens)])
+        a = sp.csr_matrix(
+            (rng.standard_normal(indptr[-1]), rng.integers(0, 3000, indptr[-1]), indptr),
+            shape=(lens.size, 3000),
+        )
+        ref_a = _rounded(a, dtype)
+        outs = {}
+        for dev in (_gpu(), _cpu()):
+            pair = sparse.csr_pair(_bcsr(a, dtype, dev))
+            assert pair.plan.algorithm == "segmented"
+            x, x64 = _dense_in((a.shape[1],), dtype, dev)
+            out = jax.jit(lambda p, x: p.matvec(x))(pair, x)
+            assert _rel(out, ref_a @ x64) < TOL[dtype]
+            outs[dev.platform] = np.asarray(out)
+        assert _rel(outs["gpu"], outs["cpu"]) < 2 * TOL[dtype]

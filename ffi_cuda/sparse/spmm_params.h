@@ -6,8 +6,9 @@
 //   args:  indptr s32[M+1], indices s32[nnz], values T[nnz], b T[K, N], alpha Acc[N], beta Acc[N],
 //          y T[M, N] or T[0] (no y: beta ignored), long_rows s32[L], long_ptr s32[L+1]
 //   rets:  out T[M, N], workspace Acc[W]
-//   attrs: algorithm (s32: 0 vector, 1 cta, 2 split), group (s32: lanes per row, 2..32, power of 2),
-//          chunk (s64: nnz per work unit of a long row in the split algorithm)
+//   attrs: algorithm (s32: 0 vector, 1 cta, 2 split, 3 stream, 4 segmented), group (s32: lanes per row, 1..32,
+//          power of 2), chunk (s64: nnz per work unit of a long row in split; rows per CTA for stream; total
+//          CTAs of the segment table for segmented)
 // T is f16, bf16, f32 or f64; Acc is f32 for the first three and f64 for f64.
 //
 // Row ranges are clamped: row r covers [s, e) with s = clamp(indptr[r], 0, nnz), e = clamp(indptr[r+1], s, nnz),
@@ -21,6 +22,14 @@
 // N > 1; for N == 1 lane l of a warp sums units l, l + 32, ... and a fixed xor tree combines the lanes) and applies
 // the epilogue. group: lanes per row of the N == 1 row-block kernel, a power of two in [1, 32]. Python builds
 // long_rows/long_ptr from the same indptr. Units past long_ptr[L] are skipped.
+//
+// Segmented (row classes, N == 1): the rows come in contiguous segments of similar length, each with its own G.
+// long_rows holds the table int32[3 S] (row begin, row end, G per segment, G a power of two in [1, 32]) and
+// long_ptr int32[S + 1] the non-decreasing prefix of CTAs per segment; chunk = CTAs launched (long_ptr[S]).
+// CTA b runs the segment s with long_ptr[s] <= b < long_ptr[s + 1] and grid-strides over that segment's
+// row blocks (SegmentRowsPerCta(G) rows per CTA per step), so a segment with at least one launched CTA is fully
+// written. Rows outside every such segment are not written (Python's table covers [0, M) in order); the CPU
+// twin writes exactly the same rows. N > 1 with segmented runs the vector path over all rows.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +39,17 @@
 
 namespace jax_ops::sparse {
 
-enum Algorithm : int32_t { kVector = 0, kCta = 1, kSplit = 2, kStream = 3 };
+enum Algorithm : int32_t { kVector = 0, kCta = 1, kSplit = 2, kStream = 3, kSegmented = 4 };
+
+// Lanes per row a segment table entry stands for: 1, 2, 4, 8, 16 as given, anything else 32 (both twins).
+inline constexpr int SegmentGroup(int32_t g) { return g == 1 || g == 2 || g == 4 || g == 8 || g == 16 ? g : 32; }
+
+// Rows one 256-thread CTA of the row-block kernel covers per step for lanes-per-row G (RowsConfig in
+// spmm_kernels_impl.cuh: U = 1 for G = 1, else 2; 8 warps of U * 32 / G rows). jax_ops.sparse._segment_rows_per_cta
+// must match.
+inline constexpr int64_t SegmentRowsPerCta(int32_t g) {
+  return 8 * (SegmentGroup(g) == 1 ? 32 : 2 * (32 / SegmentGroup(g)));
+}
 
 // Stream (CSR-stream) SpMV: a CTA owns `chunk` consecutive rows (a power of two in [kStreamMinRows,
 // kStreamMaxRows]), stages their products in shared memory (at most kStreamCap of them; a block with more runs
@@ -127,9 +146,15 @@ inline ffi::ErrorOr<SpmmShape> CheckSpmmArgs(const ffi::AnyBuffer& indptr, const
   }
   if (ws.element_type() != acc || ws.dimensions().size() != 1) return fail("workspace must be a rank-1 Acc array");
   s.num_long = long_rows.dimensions()[0];
-  if (long_ptr.dimensions()[0] != s.num_long + 1) return fail("long_ptr must have len(long_rows) + 1 entries");
-  if (algorithm != kVector && algorithm != kCta && algorithm != kSplit && algorithm != kStream)
-    return fail("unknown algorithm " + std::to_string(algorithm));
+  if (algorithm == kSegmented) {
+    s.num_long = long_ptr.dimensions()[0] - 1;  // segments
+    if (s.num_long < 1 || long_rows.dimensions()[0] != 3 * s.num_long)
+      return fail("segmented needs a segment table long_rows[3 S] and long_ptr[S + 1] with S >= 1");
+    if (chunk < 1 || chunk > kMaxDim) return fail("segmented needs chunk (CTAs) in [1, 2^31)");
+  } else if (long_ptr.dimensions()[0] != s.num_long + 1) {
+    return fail("long_ptr must have len(long_rows) + 1 entries");
+  }
+  if (algorithm < kVector || algorithm > kSegmented) return fail("unknown algorithm " + std::to_string(algorithm));
   if (algorithm == kStream && (chunk < kStreamMinRows || chunk > kStreamMaxRows || (chunk & (chunk - 1)) != 0))
     return fail("stream needs chunk (rows per block) a power of two in [8, 256], got " + std::to_string(chunk));
   if (group < 1 || group > 32 || (group & (group - 1)) != 0)

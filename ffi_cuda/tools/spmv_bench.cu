@@ -9,7 +9,11 @@
 //     ffi_cuda/tools/spmv_bench.cu -o spmv_bench -L $CU/lib -l:libcusparse.so.12
 // (the column-slab experiment build of 2026-11-29 was /work/main/.devbin/spmv_bench_slab; the library-kernel
 // build is /work/main/.devbin/c3/spmv_bench, same line)
-// Usage: spmv_bench [--small] [--quick] [--slab] [--lsmr-pass] [--csv FILE]
+// Usage: spmv_bench [--small] [--quick] [--slab] [--lsmr-pass] [--tails] [--csv FILE]
+//   --tails: issue 3's slow cases (power-law Ax/ATu, bundle-adj 1M and LSMR's ba-like Ax/ATu, uniform ATu):
+//            cuSPARSE, the dispatched plan, vector G/2 and 2G, split at chunk 128/256/512, the segmented plan
+//            (rows per chunk 1024/4096/16384, G x0.5/x2, one launch per segment), a summary table last. (The
+//            one-launch split "split1" was measured here on 2026-12-01 and rejected: docs/sparse.md.)
 //   --lsmr-pass: LSMR's two sweeps vs the one-pass experiment (tools/lsmr_pass.cuh) on the LSQ matrices.
 //   --lsmr-ba: the full parameter sweep (split chunks 64/128/256 included) on LSMR's ba-like Jacobian and the
 //            suite's bundle-adjustment matrix, whose CSR(Aᵀ) mix long camera rows (~500 / ~100 entries) with
@@ -24,6 +28,7 @@
 #include <cusparse.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -312,19 +317,64 @@ static SpmmArgs<float, float> BaseArgs(const Case& c) {
 }
 
 // Long-row lists of the split algorithm for `chunk` (host, as jax_ops.sparse._long_rows_host).
+static void LongLists(const Csr& h, int64_t chunk, std::vector<int32_t>* rows, std::vector<int32_t>* ptr) {
+  rows->clear();
+  *ptr = {0};
+  for (int64_t r = 0; r < h.m; ++r)
+    if (h.indptr[r + 1] - h.indptr[r] > chunk) rows->push_back(static_cast<int32_t>(r));
+  auto len = [&](int32_t r) { return int64_t{h.indptr[r + 1]} - h.indptr[r]; };
+  for (int32_t r : *rows) ptr->push_back(static_cast<int32_t>(ptr->back() + (len(r) + chunk - 1) / chunk));
+}
+
+// Split lists on the device; the workspace holds the units' partials.
 static void SetSplit(Case& c, int64_t chunk) {
   cudaFree(c.long_rows), cudaFree(c.long_ptr), cudaFree(c.ws);
-  std::vector<int32_t> rows, ptr{0};
-  for (int64_t r = 0; r < c.host->m; ++r) {
-    const int64_t len = c.host->indptr[r + 1] - c.host->indptr[r];
-    if (len > chunk) rows.push_back(static_cast<int32_t>(r)), ptr.push_back(ptr.back() + (len + chunk - 1) / chunk);
-  }
+  std::vector<int32_t> rows, ptr;
+  LongLists(*c.host, chunk, &rows, &ptr);
   c.num_long = static_cast<int64_t>(rows.size());
   c.units = ptr.back();
   CHECK(cudaMalloc(&c.long_rows, std::max<size_t>(1, rows.size()) * 4));
   CHECK(cudaMalloc(&c.long_ptr, ptr.size() * 4));
   CHECK(cudaMalloc(&c.ws, std::max<int64_t>(1, c.units) * 4));
   if (!rows.empty()) CHECK(cudaMemcpy(c.long_rows, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(c.long_ptr, ptr.data(), ptr.size() * 4, cudaMemcpyHostToDevice));
+}
+
+// Row classes of the segmented plan (as jax_ops.sparse.segments_host + _segment_table): chunks of `rows` rows,
+// G from each chunk's average (the vector rule), equal neighbours merged; `gmul` scales every segment's G
+// (0.5, 1, 2; clamped to [1, 32]) to try other G choices. table int32[3 S], CTA prefix int32[S + 1].
+static int RuleGroup(double avg) { return avg < 10 ? 1 : avg < 64 ? 4 : avg < 128 ? 8 : avg < 256 ? 16 : 32; }
+static int64_t Segments(const Csr& h, int64_t rows, double gmul, std::vector<int32_t>* table,
+                        std::vector<int32_t>* ptr) {
+  table->clear();
+  *ptr = {0};
+  std::vector<std::array<int64_t, 3>> segs;
+  for (int64_t b = 0; b < h.m; b += rows) {
+    const int64_t e = std::min(h.m, b + rows);
+    const int g = RuleGroup(double(h.indptr[e] - h.indptr[b]) / double(e - b));
+    if (!segs.empty() && segs.back()[2] == g)
+      segs.back()[1] = e;
+    else
+      segs.push_back({b, e, g});
+  }
+  if (segs.empty()) segs.push_back({0, 0, 1});
+  for (auto& sg : segs) {
+    const int g = std::clamp(static_cast<int>(sg[2] * gmul), 1, 32);
+    table->insert(table->end(), {static_cast<int32_t>(sg[0]), static_cast<int32_t>(sg[1]), g});
+    const int64_t rpc = SegmentRowsPerCta(g);
+    ptr->push_back(static_cast<int32_t>(ptr->back() + std::max<int64_t>(1, (sg[1] - sg[0] + rpc - 1) / rpc)));
+  }
+  return ptr->back();
+}
+
+static void SetSegments(Case& c, int64_t rows, double gmul) {
+  cudaFree(c.long_rows), cudaFree(c.long_ptr);
+  std::vector<int32_t> table, ptr;
+  c.units = Segments(*c.host, rows, gmul, &table, &ptr);  // CTAs (SpmmArgs::chunk of segmented)
+  c.num_long = static_cast<int64_t>(ptr.size()) - 1;
+  CHECK(cudaMalloc(&c.long_rows, table.size() * 4));
+  CHECK(cudaMalloc(&c.long_ptr, ptr.size() * 4));
+  CHECK(cudaMemcpy(c.long_rows, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(c.long_ptr, ptr.data(), ptr.size() * 4, cudaMemcpyHostToDevice));
 }
 
@@ -524,8 +574,7 @@ static std::vector<Summary> g_summary;
 
 // All candidates for one SpMV (A x, or Aᵀ u when `mat` is CSR(Aᵀ)); `csr_a` (optional) is CSR(A) for cuSPARSE's
 // transpose op.
-static void RunCase(const Csr& mat, const DevCsr* csr_a, const char* op, cusparseHandle_t handle, int sms, bool quick) {
-  Case c;
+static void SetupCase(Case& c, const Csr& mat, int sms) {
   c.host = &mat;
   c.d = Upload(mat);
   c.sms = sms;
@@ -543,6 +592,63 @@ static void RunCase(const Csr& mat, const DevCsr* csr_a, const char* op, cuspars
   CHECK(cudaMemcpy(c.beta, &zero, 4, cudaMemcpyHostToDevice));
   SetSplit(c, 1 << 30);
   c.bytes = double(mat.nnz()) * 8 + double(mat.m + 1) * 4 + double(mat.k) * 4 + double(mat.m) * 4;
+}
+
+static void FreeCase(Case& c) {
+  cudaFree(c.x), cudaFree(c.y), cudaFree(c.alpha), cudaFree(c.beta), cudaFree(c.ws), cudaFree(c.long_rows),
+      cudaFree(c.long_ptr);
+  c.x = c.y = c.alpha = c.beta = c.ws = nullptr, c.long_rows = c.long_ptr = nullptr;
+  Free(c.d);
+}
+
+// jax_ops.sparse.segmented_applies: the G = 32 class of the 4096-row segment table and the other classes each hold
+// >= 10 % of the nnz.
+static bool SegmentedApplies(const Csr& h) {
+  std::vector<int32_t> table, ptr;
+  Segments(h, 4096, 1.0, &table, &ptr);
+  int64_t warp = 0, total = 0;
+  for (size_t sg = 0; sg + 2 < table.size(); sg += 3) {
+    const int64_t nnz = int64_t{h.indptr[table[sg + 1]]} - h.indptr[table[sg]];
+    total += nnz;
+    if (table[sg + 2] == 32) warp += nnz;
+  }
+  return total > 0 && warp >= 0.1 * total && total - warp >= 0.1 * total;
+}
+
+// The plan jax_ops.sparse dispatches today (choose_algorithm/_group_for/_vector_group_for, segmented_applies),
+// through LaunchCsrSpmm (f32: the gathered operand is K * 4 bytes).
+static Result Production(Case& c) {
+  const Profile p = ProfileOf(*c.host);
+  const bool long_rows = p.max > std::max(2048.0, 32 * p.avg);
+  SpmmArgs<float, float> a = BaseArgs(c);
+  std::string name;
+  if (!long_rows && p.avg < 256 && SegmentedApplies(*c.host)) {
+    SetSegments(c, 4096, 1.0);
+    a = BaseArgs(c);
+    a.algorithm = kSegmented, a.chunk = c.units, a.num_long = c.num_long;
+    name = "NEW segmented r=4096 S=" + std::to_string(c.num_long);
+  } else if (long_rows) {
+    const int64_t chunk = 256;
+    SetSplit(c, chunk);
+    a = BaseArgs(c);
+    a.algorithm = kSplit, a.chunk = chunk, a.num_long = c.num_long, a.units = c.units;
+    a.group = std::min(32, 2 * RuleGroup(std::min(p.avg, p.p95)));
+    name = "NEW split chunk=256 G=" + std::to_string(a.group);
+  } else {
+    a.algorithm = kVector;
+    a.group = RuleGroup(p.avg);
+    const bool varied = p.avg >= 16 && p.avg < 64 && p.avg < p.p95 && p.p95 <= 2 * p.avg;
+    if (a.group == 4 && varied && c.d.k * 4 > 128 * 1024) a.group = 8;  // the operand is not L1-resident
+    name = "NEW vector G=" + std::to_string(a.group);
+  }
+  Result r = Measure(c, name, [&] { CHECK((LaunchCsrSpmm<float, float>(nullptr, a, false, c.sms))); });
+  SetSplit(c, 1 << 30);
+  return r;
+}
+
+static void RunCase(const Csr& mat, const DevCsr* csr_a, const char* op, cusparseHandle_t handle, int sms, bool quick) {
+  Case c;
+  SetupCase(c, mat, sms);
   const Profile p = ProfileOf(mat);
   std::printf("\n== %s  %s: M=%lld K=%lld nnz=%lld avg=%.1f p95=%.0f max=%lld cv=%.2f, %.1f MB\n", mat.name.c_str(), op,
               (long long)mat.m, (long long)mat.k, (long long)mat.nnz(), p.avg, p.p95, (long long)p.max, p.cv,
@@ -565,27 +671,8 @@ static void RunCase(const Csr& mat, const DevCsr* csr_a, const char* op, cuspars
   Print(c, op, OldPlan(c), ref_us);
   SetSplit(c, 1 << 30);
 
-  // Production dispatch of this change (LaunchCsrSpmm with the plan jax_ops.sparse would choose).
-  auto production = [&]() -> Result {  // the plan jax_ops.sparse.choose_algorithm/_group_for pick
-    const bool long_rows = p.max > std::max(2048.0, 32 * p.avg);
-    SpmmArgs<float, float> a = BaseArgs(c);
-    std::string name;
-    auto group = [](double avg) { return avg < 10 ? 1 : avg < 64 ? 4 : avg < 128 ? 8 : avg < 256 ? 16 : 32; };
-    if (long_rows) {
-      const int64_t chunk = 256;
-      SetSplit(c, chunk);
-      a = BaseArgs(c);
-      a.algorithm = kSplit, a.chunk = chunk, a.num_long = c.num_long, a.units = c.units;
-      a.group = std::min(32, 2 * group(std::min(p.avg, p.p95)));
-      name = "NEW split chunk=256 G=" + std::to_string(a.group);
-    } else {
-      a.algorithm = kVector;
-      a.group = group(p.avg);
-      name = "NEW vector G=" + std::to_string(a.group);
-    }
-    return Measure(c, name, [&] { CHECK((LaunchCsrSpmm<float, float>(nullptr, a, false, c.sms))); });
-  };
-  const Result prod = production();
+  // Production dispatch (LaunchCsrSpmm with the plan jax_ops.sparse would choose).
+  const Result prod = Production(c);
   Print(c, op, prod, ref_us);
   g_summary.push_back({mat.name, op, prod.plan, prod.us, ref_us, best_cusp, c.bytes / (prod.us * 1e-6) / 1e9});
   SetSplit(c, 1 << 30);
@@ -674,9 +761,7 @@ static void RunCase(const Csr& mat, const DevCsr* csr_a, const char* op, cuspars
                      c.bytes / (sweep[i].us * 1e-6) / 1e9, sweep[i].err, int(sweep[i].ok));
     }
   }
-  cudaFree(c.x), cudaFree(c.y), cudaFree(c.alpha), cudaFree(c.beta), cudaFree(c.ws), cudaFree(c.long_rows),
-      cudaFree(c.long_ptr);
-  Free(c.d);
+  FreeCase(c);
 }
 
 // SpMM (N > 1) time of the split plan for two chunks: the plan's chunk is shared by SpMV and SpMM.
@@ -783,31 +868,42 @@ static int SmallChecks(const char* dname, double tol, int sms) {
         int32_t code, group;
         int64_t chunk;
       };
-      std::vector<Alg> algs = {
-          {"vector1", kVector, 1, 0},   {"vector2", kVector, 2, 0},
-          {"vector4", kVector, 4, 0},   {"vector8", kVector, 8, 0},
-          {"vector16", kVector, 16, 0}, {"warp", kVector, 32, 0},
-          {"cta", kCta, 32, 0},         {"split64", kSplit, VectorGroup(std::min(p.avg, p.p95)), 64},
-          {"split1", kSplit, 2, 1},     {"stream", kStream, 32, 8}};
+      std::vector<Alg> algs = {{"vector1", kVector, 1, 0},
+                               {"vector2", kVector, 2, 0},
+                               {"vector4", kVector, 4, 0},
+                               {"vector8", kVector, 8, 0},
+                               {"vector16", kVector, 16, 0},
+                               {"warp", kVector, 32, 0},
+                               {"cta", kCta, 32, 0},
+                               {"split64", kSplit, VectorGroup(std::min(p.avg, p.p95)), 64},
+                               {"split_c1", kSplit, 2, 1},
+                               {"stream", kStream, 32, 8},
+                               {"segmented16", kSegmented, 1, 16},
+                               {"segmented1", kSegmented, 1, 1}};
       for (const Alg& alg : algs) {
         std::vector<int32_t> rows, ptr{0};
-        if (alg.code == kSplit)
-          for (int64_t r = 0; r < m; ++r) {
-            const int64_t len = mat->indptr[r + 1] - mat->indptr[r];
-            if (len > alg.chunk)
-              rows.push_back(static_cast<int32_t>(r)), ptr.push_back(ptr.back() + (len + alg.chunk - 1) / alg.chunk);
-          }
+        int64_t seg_ctas = 0, units = 0, num_long = 0;
+        if (alg.code == kSplit) {
+          LongLists(*mat, alg.chunk, &rows, &ptr);
+          units = ptr.back(), num_long = static_cast<int64_t>(rows.size());
+        } else if (alg.code == kSegmented) {  // chunk: rows per classification chunk
+          seg_ctas = Segments(*mat, alg.chunk, 1.0, &rows, &ptr);
+          num_long = static_cast<int64_t>(ptr.size()) - 1;
+        }
         CHECK(cudaMalloc(&lr, std::max<size_t>(1, rows.size()) * 4));
         CHECK(cudaMalloc(&lp, ptr.size() * 4));
-        CHECK(cudaMalloc(&ws, std::max<int64_t>(1, ptr.back() * n) * sizeof(Acc)));
+        const int64_t ws_elems = std::max<int64_t>(1, units * n);
+        CHECK(cudaMalloc(&ws, ws_elems * sizeof(Acc)));
+        CHECK(cudaMemset(ws, 0x7F, ws_elems * sizeof(Acc)));  // garbage workspace: every partial is written first
         if (!rows.empty()) CHECK(cudaMemcpy(lr, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
         CHECK(cudaMemcpy(lp, ptr.data(), ptr.size() * 4, cudaMemcpyHostToDevice));
         for (int with_y = 0; with_y < 2; ++with_y) {
           SpmmArgs<T, Acc> args;
           args.indptr = ip, args.indices = ix, args.values = v, args.b = b, args.alpha = al, args.beta = be;
           args.y = with_y ? y : nullptr, args.out = out, args.ws = ws, args.long_rows = lr, args.long_ptr = lp;
-          args.m = m, args.k = k, args.n = n, args.nnz = nnz, args.num_long = static_cast<int64_t>(rows.size());
-          args.units = ptr.back(), args.chunk = alg.chunk, args.algorithm = alg.code, args.group = alg.group;
+          args.m = m, args.k = k, args.n = n, args.nnz = nnz, args.num_long = num_long;
+          args.units = units, args.chunk = alg.code == kSegmented ? seg_ctas : alg.chunk;
+          args.algorithm = alg.code, args.group = alg.group;
           const bool vec16 = n % (16 / sizeof(T)) == 0 && n > 1;
           CHECK(cudaMemset(out, 0xFF, m * n * sizeof(T)));
           CHECK((LaunchCsrSpmm<T, Acc>(nullptr, args, vec16, sms)));
@@ -1147,9 +1243,243 @@ static void SlabRun(const Csr& a, const Csr& t, int sms, const Summary& ax, cons
   cudaFree(u), cudaFree(c.y), cudaFree(c.alpha), cudaFree(c.beta);
 }
 
+// --small: ragged N = 1 cases of the segmented plan (next to the split): empty rows with one huge row, all rows
+// long, rows at the chunk boundary (64), two row classes; y on/off, alpha 0.75, beta -0.5; output poisoned.
+template <typename T, typename Acc>
+static int TailSmallChecks(const char* dname, double tol, int sms) {
+  std::vector<Csr> mats;
+  Rng rng(11);
+  {
+    std::vector<int64_t> lens(200);
+    for (int64_t r = 0; r < 200; ++r) lens[r] = r % 5 == 0 ? 0 : r % 3;
+    lens[7] = 5000;
+    mats.push_back(FromLens("empty rows + one huge row", 200, 300, lens, rng, true));
+  }
+  {
+    std::vector<int64_t> lens(50);
+    for (int64_t r = 0; r < 50; ++r) lens[r] = 300 + (r * 37) % 400;
+    mats.push_back(FromLens("all rows long", 50, 1000, lens, rng, true));
+  }
+  {
+    const int64_t cyc[7] = {0, 63, 64, 65, 128, 129, 1};
+    std::vector<int64_t> lens(120);
+    for (int64_t r = 0; r < 120; ++r) lens[r] = cyc[r % 7];
+    mats.push_back(FromLens("rows at the chunk boundary", 120, 500, lens, rng, true));
+  }
+  {
+    std::vector<int64_t> lens(3000);
+    for (int64_t r = 0; r < 3000; ++r) lens[r] = r < 600 ? 90 + r % 21 : 6 + r % 5;
+    mats.push_back(FromLens("two row classes", 3000, 2000, lens, rng, false));
+  }
+  int fails = 0;
+  for (const Csr& mat : mats) {
+    const int64_t m = mat.m, k = mat.k, nnz = mat.nnz();
+    std::vector<T> hv(nnz), hb(k), hy(m);
+    for (int64_t i = 0; i < nnz; ++i) hv[i] = FromF<T>(mat.values[i]);
+    for (auto& v : hb) v = FromF<T>(static_cast<float>(rng.uniform() * 2 - 1));
+    for (auto& v : hy) v = FromF<T>(static_cast<float>(rng.uniform() * 2 - 1));
+    const Acc alpha = Acc(0.75), beta = Acc(-0.5);
+    int32_t *ip, *ix, *lr, *lp;
+    T *v, *b, *y, *out;
+    Acc *al, *be, *ws;
+    CHECK(cudaMalloc(&ip, (m + 1) * 4));
+    CHECK(cudaMalloc(&ix, std::max<int64_t>(1, nnz) * 4));
+    CHECK(cudaMalloc(&v, std::max<int64_t>(1, nnz) * sizeof(T)));
+    CHECK(cudaMalloc(&b, k * sizeof(T)));
+    CHECK(cudaMalloc(&y, m * sizeof(T)));
+    CHECK(cudaMalloc(&out, m * sizeof(T)));
+    CHECK(cudaMalloc(&al, sizeof(Acc)));
+    CHECK(cudaMalloc(&be, sizeof(Acc)));
+    CHECK(cudaMemcpy(ip, mat.indptr.data(), (m + 1) * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(ix, mat.indices.data(), nnz * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(v, hv.data(), nnz * sizeof(T), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(b, hb.data(), k * sizeof(T), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(y, hy.data(), m * sizeof(T), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(al, &alpha, sizeof(Acc), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(be, &beta, sizeof(Acc), cudaMemcpyHostToDevice));
+    struct Alg {
+      const char* name;
+      int32_t code, group;
+      int64_t chunk;  // split: nnz per unit; segmented: rows per classification chunk
+      double gmul;
+    };
+    const Alg algs[] = {{"split c64 G8", kSplit, 8, 64, 1},
+                        {"segmented r64", kSegmented, 1, 64, 1},
+                        {"segmented r256 Gx2", kSegmented, 1, 256, 2},
+                        {"segmented r1 Gx0.5", kSegmented, 1, 1, 0.5}};
+    for (int with_y = 0; with_y < 2; ++with_y) {
+      for (const Alg& alg : algs) {
+        std::vector<int32_t> rows, ptr{0};
+        int64_t units = 0, num_long = 0, seg_ctas = 0;
+        if (alg.code == kSegmented) {
+          seg_ctas = Segments(mat, alg.chunk, alg.gmul, &rows, &ptr);
+          num_long = static_cast<int64_t>(ptr.size()) - 1;
+        } else {
+          LongLists(mat, alg.chunk, &rows, &ptr);
+          units = ptr.back(), num_long = static_cast<int64_t>(rows.size());
+        }
+        CHECK(cudaMalloc(&lr, std::max<size_t>(1, rows.size()) * 4));
+        CHECK(cudaMalloc(&lp, ptr.size() * 4));
+        CHECK(cudaMalloc(&ws, std::max<int64_t>(1, units) * sizeof(Acc)));
+        CHECK(cudaMemset(ws, 0x7F, std::max<int64_t>(1, units) * sizeof(Acc)));
+        if (!rows.empty()) CHECK(cudaMemcpy(lr, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(lp, ptr.data(), ptr.size() * 4, cudaMemcpyHostToDevice));
+        SpmmArgs<T, Acc> a;
+        a.indptr = ip, a.indices = ix, a.values = v, a.b = b, a.alpha = al, a.beta = be, a.y = with_y ? y : nullptr;
+        a.out = out, a.ws = ws, a.long_rows = lr, a.long_ptr = lp, a.m = m, a.k = k, a.n = 1, a.nnz = nnz;
+        a.num_long = num_long, a.units = units, a.algorithm = alg.code, a.group = alg.group;
+        a.chunk = alg.code == kSegmented ? seg_ctas : alg.chunk;
+        CHECK(cudaMemset(out, 0xFF, m * sizeof(T)));
+        CHECK((LaunchCsrSpmm<T, Acc>(nullptr, a, false, sms)));
+        CHECK(cudaDeviceSynchronize());
+        std::vector<T> ho(m);
+        CHECK(cudaMemcpy(ho.data(), out, m * sizeof(T), cudaMemcpyDeviceToHost));
+        double num = 0, den = 0;
+        bool finite = true;
+        for (int64_t r = 0; r < m; ++r) {
+          double sum = 0;
+          for (int32_t q = mat.indptr[r]; q < mat.indptr[r + 1]; ++q) sum += ToD(hv[q]) * ToD(hb[mat.indices[q]]);
+          const double ref = double(alpha) * sum + (with_y ? double(beta) * ToD(hy[r]) : 0.0);
+          const double o = ToD(ho[r]);
+          finite &= std::isfinite(o);
+          num += (o - ref) * (o - ref), den += ref * ref;
+        }
+        const double err = std::sqrt(num / std::max(den, 1e-300));
+        const bool ok = finite && err <= tol;
+        if (!ok) {
+          ++fails;
+          std::printf("  TAIL FAIL %s %s [%s] y=%d: err %.2e finite %d\n", dname, alg.name, mat.name.c_str(), with_y,
+                      err, int(finite));
+        }
+        cudaFree(lr), cudaFree(lp), cudaFree(ws);
+      }
+    }
+    cudaFree(ip), cudaFree(ix), cudaFree(v), cudaFree(b), cudaFree(y), cudaFree(out), cudaFree(al), cudaFree(be);
+  }
+  std::printf("tail checks %s (split, segmented): %d failures\n", dname, fails);
+  return fails;
+}
+
+// --tails: the cases issue 3 names (power-law Ax, bundle Ax/ATu, uniform/power-law ATu, LSMR's ba-like matrix):
+// cuSPARSE, today's dispatched plan and every new candidate, each checked against float64 (output poisoned).
+struct TailRow {
+  std::string name, op, cur_plan, best_plan;
+  double cusp = 0, cur = 0, best = 0;
+  std::vector<std::pair<std::string, double>> all;
+};
+static std::vector<TailRow> g_tails;
+
+static void TailsCase(const Csr& mat, const char* op, cusparseHandle_t handle, int sms) {
+  Case c;
+  SetupCase(c, mat, sms);
+  const Profile p = ProfileOf(mat);
+  std::printf("\n== %s  %s: M=%lld nnz=%lld avg=%.1f p95=%.0f max=%lld\n", mat.name.c_str(), op, (long long)mat.m,
+              (long long)mat.nnz(), p.avg, p.p95, (long long)p.max);
+  TailRow row;
+  row.name = mat.name, row.op = op;
+  const Result cu =
+      Cusparse(c, handle, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_SPMV_ALG_DEFAULT, "cuSPARSE default", c.d, false);
+  Print(c, op, cu, cu.us);
+  row.cusp = cu.us;
+  const Result cur = Production(c);
+  Print(c, op, cur, cu.us);
+  row.cur_plan = cur.plan, row.cur = cur.ok ? cur.us : 0;
+  row.best_plan = cur.plan, row.best = row.cur;
+  auto add = [&](const Result& r) {
+    Print(c, op, r, cu.us);
+    row.all.push_back({r.plan, r.ok ? r.us : -1});
+    if (r.ok && (row.best == 0 || r.us < row.best)) row.best = r.us, row.best_plan = r.plan;
+  };
+  const bool long_rows = p.max > std::max(2048.0, 32 * p.avg);
+  const int g0 = RuleGroup(p.avg);
+  // vector with G around the rule (library config per G)
+  for (int g : {g0 / 2, g0 * 2}) {
+    if (g < 1 || g > 32) continue;
+    SpmmArgs<float, float> a = BaseArgs(c);
+    a.algorithm = kVector, a.group = g;
+    add(Measure(c, "vector G=" + std::to_string(g),
+                [&] { CHECK((LaunchCsrSpmm<float, float>(nullptr, a, false, sms))); }));
+  }
+  if (long_rows) {
+    const int gs = std::min(32, 2 * RuleGroup(std::min(p.avg, p.p95)));
+    for (int64_t chunk : {128, 256, 512}) {
+      SetSplit(c, chunk);
+      SpmmArgs<float, float> a = BaseArgs(c);
+      a.algorithm = kSplit, a.chunk = chunk, a.num_long = c.num_long, a.units = c.units, a.group = gs;
+      const std::string nm = "split(3 launches) c=" + std::to_string(chunk) + " G=" + std::to_string(gs);
+      add(Measure(c, nm, [&] { CHECK((LaunchCsrSpmm<float, float>(nullptr, a, false, sms))); }));
+    }
+    SetSplit(c, 1 << 30);
+  } else {
+    for (int64_t rows : {1024, 4096, 16384}) {
+      for (double gmul : {1.0, 2.0, 0.5}) {
+        if (rows != 4096 && gmul != 1.0) continue;
+        SetSegments(c, rows, gmul);
+        SpmmArgs<float, float> a = BaseArgs(c);
+        a.algorithm = kSegmented, a.chunk = c.units, a.num_long = c.num_long;
+        char nm[96];
+        std::snprintf(nm, sizeof nm, "segmented r=%lld Gx%.1f S=%lld", (long long)rows, gmul, (long long)c.num_long);
+        add(Measure(c, nm, [&] { CHECK((LaunchCsrSpmm<float, float>(nullptr, a, false, sms))); }));
+        if (rows == 4096 && gmul == 1.0) {
+          // one row-block launch per segment (rule G, shifted args), for comparison with the one-launch table
+          std::vector<int32_t> table, ptr;
+          Segments(mat, rows, 1.0, &table, &ptr);
+          add(Measure(c, "segmented r=4096 one launch per segment", [&] {
+            for (size_t sg = 0; sg + 2 < table.size(); sg += 3) {
+              SpmmArgs<float, float> b = BaseArgs(c);
+              b.indptr += table[sg], b.out += table[sg], b.m = table[sg + 1] - table[sg], b.group = table[sg + 2];
+              CHECK((LaunchCsrSpmm<float, float>(nullptr, b, false, sms)));
+            }
+          }));
+        }
+      }
+    }
+    SetSplit(c, 1 << 30);
+  }
+  g_tails.push_back(row);
+  FreeCase(c);
+}
+
+static int RunTails(int sms) {
+  cusparseHandle_t handle;
+  CHECK_SP(cusparseCreate(&handle));
+  {
+    const Csr a = PowerLaw(1000000, 1000000);
+    TailsCase(a, "Ax", handle, sms);
+    TailsCase(Transpose(a), "ATu", handle, sms);
+  }
+  for (const Csr& a :
+       {BundleAdjustment(1000000, 20000, 250000), BundleAdjustment(500000, 2000, 200000, "bundle-adj lsmr ba-like")}) {
+    TailsCase(a, "Ax", handle, sms);
+    TailsCase(Transpose(a), "ATu", handle, sms);
+  }
+  TailsCase(Transpose(Uniform(2000000, 2000000, 16)), "ATu", handle, sms);
+  cusparseDestroy(handle);
+  std::printf("\n--tails summary (us; x = cuSPARSE default / ours)\n%-24s %-4s %8s %8s %6s %8s %6s  %s | %s\n",
+              "matrix", "op", "cuSP", "current", "x", "best", "x", "best plan", "current plan");
+  double lc = 0, lb = 0;
+  int n = 0, below_cur = 0, below_best = 0;
+  for (auto& t : g_tails) {
+    std::printf("%-24s %-4s %8.1f %8.1f %6.2f %8.1f %6.2f  %s | %s\n", t.name.c_str(), t.op.c_str(), t.cusp, t.cur,
+                t.cusp / t.cur, t.best, t.cusp / t.best, t.best_plan.c_str(), t.cur_plan.c_str());
+    lc += std::log(t.cusp / t.cur), lb += std::log(t.cusp / t.best), ++n;
+    below_cur += t.cusp / t.cur < 0.9, below_best += t.cusp / t.best < 0.9;
+  }
+  std::printf("geomean x cuSPARSE over these %d: current %.3f, best candidate %.3f; below 0.9x: current %d, best %d\n",
+              n, std::exp(lc / n), std::exp(lb / n), below_cur, below_best);
+  std::printf("\nevery candidate (x cuSPARSE; -1 = FAILED check):\n");
+  for (auto& t : g_tails) {
+    std::printf("%s %s:", t.name.c_str(), t.op.c_str());
+    for (auto& [nm, us] : t.all) std::printf("  [%s] %.2f", nm.c_str(), us > 0 ? t.cusp / us : -1.0);
+    std::printf("\n");
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
-  bool small_only = false, quick = false, slab_only = false, lsmr_pass = false;
+  bool small_only = false, quick = false, slab_only = false, lsmr_pass = false, tails = false;
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--tails")) tails = true;
     if (!std::strcmp(argv[i], "--lsmr-pass")) lsmr_pass = true;
     if (!std::strcmp(argv[i], "--lsmr-ba")) g_sweep_split = true;
     if (!std::strcmp(argv[i], "--small")) small_only = true;
@@ -1163,13 +1493,20 @@ int main(int argc, char** argv) {
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
   int fails = 0;
-  if (!slab_only) {
+  if (!slab_only && !tails) {
     fails += SmallChecks<float, float>("f32", 1e-5, sms);
     fails += SmallChecks<double, double>("f64", 1e-12, sms);
     fails += SmallChecks<__half, float>("f16", 2e-3, sms);
     fails += SmallChecks<__nv_bfloat16, float>("bf16", 1e-2, sms);
   }
-  fails += SlabSmallChecks(sms);
+  if (!tails) {
+    fails += TailSmallChecks<float, float>("f32", 1e-5, sms);
+    fails += TailSmallChecks<double, double>("f64", 1e-12, sms);
+    fails += TailSmallChecks<__half, float>("f16", 2e-3, sms);
+    fails += TailSmallChecks<__nv_bfloat16, float>("bf16", 1e-2, sms);
+  }
+  if (tails) return RunTails(sms) + (fails ? 1 : 0);
+  if (!tails) fails += SlabSmallChecks(sms);
   if (small_only) return fails ? 1 : 0;
   if (lsmr_pass) {
     for (const Csr& a : {Lsq(306136, 6177, 18), Lsq(936063, 23394, 21)}) fails += LsmrPassCompare(a, Transpose(a), sms);
