@@ -362,13 +362,6 @@ class _LoopConfig:
     pack_scalars: bool = True
 
 
-# Private tuning knobs, read by lsmr() at call time (benchmarks flip them; not public API):
-#   pack_scalars: see _LoopConfig.
-#   compiler_options: XLA options (e.g. command buffers, see COMMAND_BUFFER_OPTIONS) for a GPU solve that runs as
-#     its own top-level executable (lsmr called outside any jit); inside a caller's jit they cannot apply (JAX
-#     takes compiler options only on the top-level jit): pass them to that jit instead.
-_TUNING: dict[str, Any] = {"pack_scalars": True, "compiler_options": {}}
-
 # XLA GPU command-buffer (CUDA graph) settings, as compiler_options. A repeated enum flag is given as a comma
 # separated list that *replaces* XLA's default list (FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN; no "+WHILE"
 # syntax there, that is XLA_FLAGS only); "" disables command buffers.
@@ -381,6 +374,19 @@ COMMAND_BUFFER_OPTIONS = {
         "xla_gpu_graph_min_graph_size": 1,
     },
 }
+
+# What a top-level GPU solve compiles with (docs/lsmr.md, measured on the H200 2026-12-01: with unroll 2 the
+# loop as one CUDA graph is 3-6 % faster per iteration than XLA's default and compiles in half the time of
+# unroll 4). A caller that jits a function around lsmr passes these to its own jit for the same loop.
+LOOP_COMPILER_OPTIONS = COMMAND_BUFFER_OPTIONS["while"]
+GPU_UNROLL = 2
+
+# Private tuning knobs, read by lsmr() at call time (benchmarks flip them; not public API):
+#   pack_scalars: see _LoopConfig.
+#   compiler_options: XLA options (e.g. command buffers, see COMMAND_BUFFER_OPTIONS) for a GPU solve that runs as
+#     its own top-level executable (lsmr called outside any jit); inside a caller's jit they cannot apply (JAX
+#     takes compiler options only on the top-level jit): pass them to that jit instead.
+_TUNING: dict[str, Any] = {"pack_scalars": True, "compiler_options": LOOP_COMPILER_OPTIONS}
 
 _SCALARS = (
     "alpha", "beta", "zetabar", "alphabar", "rho", "rhobar", "cbar", "sbar", "betadd", "betad", "rhodold",
@@ -736,7 +742,7 @@ def lsmr(
       x0: optional ``[n]`` initial guess.
       implementation: ``None`` (fused FFI kernels, CSRPair for sparse inputs when available), ``"ffi"`` (raise
         when a kernel path is unavailable) or ``"xla"`` (jnp recurrences and jax.experimental.sparse products).
-      unroll: LSMR iterations per ``while_loop`` trip (default 1 on CPU, 4 on GPU); results do not depend on it.
+      unroll: LSMR iterations per ``while_loop`` trip (default 1 on CPU, 2 on GPU); results do not depend on it.
 
     Returns:
       :class:`LSMRResult` ``(x, istop, itn, normr, normar, norma, conda, normx)``. ``istop`` is SciPy's code
@@ -798,7 +804,7 @@ def lsmr(
         if val is not None and not isinstance(val, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(val))):
             raise ValueError(f"{name} contains NaN or Inf")
     if unroll is None:
-        unroll = 4 if jax.default_backend() == "gpu" else 1
+        unroll = GPU_UNROLL if jax.default_backend() == "gpu" else 1
     if int(unroll) < 1:
         raise ValueError(f"unroll must be >= 1, got {unroll}")
     cp = _ColParams(damp_a, atol_a, btol_a, conlim_a, maxiter_a, jnp.zeros((1,), dtype))
