@@ -85,6 +85,20 @@ __device__ __forceinline__ void RowRange(const SpmmArgs<T, Acc>& a, int64_t r, i
   *e = min(max(static_cast<int64_t>(__ldg(a.indptr + r + 1)), lo), a.nnz);
 }
 
+// Largest i in [0, n) with ptr[i] <= x (0 when none is): the owner of x in an ascending prefix array (the split
+// plan's long-row unit offsets, the segmented plan's CTA prefix).
+__device__ __forceinline__ int64_t LastAtMost(const int32_t* ptr, int64_t n, int64_t x) {
+  int64_t lo = 0, hi = n;
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (__ldg(ptr + mid) <= x)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 // Work units of the split algorithm that actually exist (<= the workspace's capacity).
 template <typename T, typename Acc>
 __device__ __forceinline__ int64_t UnitsTotal(const SpmmArgs<T, Acc>& a) {
@@ -102,15 +116,7 @@ __device__ __forceinline__ bool ItemRange(const SpmmArgs<T, Acc>& a, int64_t idx
     RowRange(a, idx, s, e);
     return !(a.algorithm == kSplit && *e - *s > a.chunk);
   }
-  // largest i with long_ptr[i] <= idx
-  int64_t lo = 0, hi = a.num_long;  // answer in [0, num_long)
-  while (hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
-    if (__ldg(a.long_ptr + mid) <= idx)
-      lo = mid;
-    else
-      hi = mid;
-  }
+  const int64_t lo = LastAtMost(a.long_ptr, a.num_long, idx);
   const int64_t first = __ldg(a.long_ptr + lo);
   if (idx < first) return false;
   const int64_t row = __ldg(a.long_rows + lo);
@@ -536,14 +542,7 @@ constexpr int kSegmentedMinBlocks = 4;
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(kThreads, kSegmentedMinBlocks) SpmvSegmentedKernel(SpmmArgs<T, Acc> a) {
   const int64_t b = blockIdx.x;
-  int64_t lo = 0, hi = a.num_long;  // largest s with long_ptr[s] <= b
-  while (hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
-    if (__ldg(a.long_ptr + mid) <= b)
-      lo = mid;
-    else
-      hi = mid;
-  }
+  const int64_t lo = LastAtMost(a.long_ptr, a.num_long, b);
   const int64_t c0 = __ldg(a.long_ptr + lo);
   const int64_t c1 = min(static_cast<int64_t>(__ldg(a.long_ptr + lo + 1)), static_cast<int64_t>(gridDim.x));
   if (b < c0 || b >= c1) return;
