@@ -13,10 +13,4 @@ namespace jax_ops::sparse {
 template <typename T, typename Acc>
 cudaError_t LaunchCsrSpmm(cudaStream_t stream, const SpmmArgs<T, Acc>& a, bool vec16, int sm_count);
 
-// Merge-path (nnz-balanced) SpMV, N == 1 (contract and workspace layout: MergeWorkspaceElems in spmm_params.h):
-// tiles of 32 * tile_warps * ipt path items (tile_warps 1: a warp per tile, 8: a CTA per tile; ipt 4, 8 or 16),
-// then a fix-up launch for rows spanning tiles. a.units: workspace capacity in Acc elements. Deterministic.
-template <typename T, typename Acc>
-cudaError_t LaunchSpmvMerge(cudaStream_t stream, const SpmmArgs<T, Acc>& a, int ipt, int tile_warps);
-
 }  // namespace jax_ops::sparse

@@ -60,17 +60,6 @@ constexpr int64_t kStreamCap = 4096;
 
 constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
 
-// Merge-path SpMV (N == 1; LaunchSpmvMerge, not dispatched yet). The merged path of the M row ends and the nnz
-// entries (length M + nnz; item r + p is entry p of row r, item r + e_r the end of row r) is cut into tiles of
-// `tile` items. Workspace (Acc elements): carry[T] (each tile's partial of the row it ends inside), head[T]
-// (the tile's part of its first row when that row began in an earlier tile), then int32 row0[T + 1] (tile
-// start rows) packed into the remaining Acc slots. The indptr must be non-decreasing (Python passes the running
-// maximum of the clamped indptr, as for split); on any other indptr nothing is read or written out of bounds.
-inline constexpr int64_t MergeTiles(int64_t m, int64_t nnz, int64_t tile) { return (m + nnz + tile - 1) / tile; }
-inline constexpr int64_t MergeWorkspaceElems(int64_t m, int64_t nnz, int64_t tile, int64_t acc_bytes) {
-  return 2 * MergeTiles(m, nnz, tile) + ((MergeTiles(m, nnz, tile) + 1) * 4 + acc_bytes - 1) / acc_bytes;
-}
-
 struct SpmmShape {
   int64_t m = 0, k = 0, n = 0, nnz = 0;
   int64_t num_long = 0;  // L

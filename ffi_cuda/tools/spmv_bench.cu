@@ -46,6 +46,7 @@
 #include "sparse/spmm_kernels_impl.cuh"
 #include "tools/bench_check.h"
 #include "tools/lsmr_pass.cuh"
+#include "tools/merge_spmv.cuh"
 #include "tools/slab_host.h"
 
 using namespace jax_ops::sparse;
