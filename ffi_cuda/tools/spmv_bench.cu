@@ -9,7 +9,11 @@
 //     ffi_cuda/tools/spmv_bench.cu -o spmv_bench -L $CU/lib -l:libcusparse.so.12
 // (the column-slab experiment build of 2026-11-29 was /work/main/.devbin/spmv_bench_slab; the library-kernel
 // build is /work/main/.devbin/c3/spmv_bench, same line)
-// Usage: spmv_bench [--small] [--quick] [--slab] [--lsmr-pass] [--tails] [--csv FILE]
+// Usage: spmv_bench [--small] [--quick] [--slab] [--lsmr-pass] [--tails] [--merge] [--csv FILE]
+//   --merge: the merge-path (nnz-balanced) SpMV candidates (LaunchSpmvMerge: warp tiles and CTA tiles of 4/8/16
+//            items per thread) against cuSPARSE and the dispatched plan on power-law 1M, bundle-adj 1M, uniform 2M
+//            (Ax, ATu), LSQ 306136x6177 Ax and LSMR's ba-like (Ax, ATu); each result checked against float64 with
+//            the output poisoned and bitwise-compared with a second run; a summary table last (x cuSPARSE).
 //   --tails: issue 3's slow cases (power-law Ax/ATu, bundle-adj 1M and LSMR's ba-like Ax/ATu, uniform ATu):
 //            cuSPARSE, the dispatched plan, vector G/2 and 2G, split at chunk 128/256/512, the segmented plan
 //            (rows per chunk 1024/4096/16384, G x0.5/x2, one launch per segment), a summary table last. (The
@@ -42,6 +46,7 @@
 #include "sparse/spmm_kernels_impl.cuh"
 #include "tools/bench_check.h"
 #include "tools/lsmr_pass.cuh"
+#include "tools/merge_spmv.cuh"
 #include "tools/slab_host.h"
 
 using namespace jax_ops::sparse;
@@ -1271,6 +1276,17 @@ static int TailSmallChecks(const char* dname, double tol, int sms) {
     for (int64_t r = 0; r < 3000; ++r) lens[r] = r < 600 ? 90 + r % 21 : 6 + r % 5;
     mats.push_back(FromLens("two row classes", 3000, 2000, lens, rng, false));
   }
+  mats.push_back(FromLens("all rows empty", 100, 50, std::vector<int64_t>(100, 0), rng, true));
+  mats.push_back(FromLens("nnz = 0, one row", 1, 10, std::vector<int64_t>(1, 0), rng, true));
+  {
+    // merge tiles are multiples of 32 path items; rows of 31 entries end exactly at every tile boundary
+    mats.push_back(FromLens("rows ending at tile ends", 700, 900, std::vector<int64_t>(700, 31), rng, true));
+    std::vector<int64_t> lens(64, 0);
+    lens[5] = 40000;  // spans many tiles of every merge configuration
+    lens[6] = 1, lens[63] = 3;
+    mats.push_back(FromLens("one row over many tiles", 64, 5000, lens, rng, false));
+  }
+  mats.push_back(SmallPowerLaw(3000, 2500, 3000, 9));  // with columns outside [0, K)
   int fails = 0;
   for (const Csr& mat : mats) {
     const int64_t m = mat.m, k = mat.k, nnz = mat.nnz();
@@ -1303,15 +1319,24 @@ static int TailSmallChecks(const char* dname, double tol, int sms) {
       int64_t chunk;  // split: nnz per unit; segmented: rows per classification chunk
       double gmul;
     };
+    // code -1: merge-path SpMV, group = items per thread, chunk = warps per tile
     const Alg algs[] = {{"split c64 G8", kSplit, 8, 64, 1},
                         {"segmented r64", kSegmented, 1, 64, 1},
                         {"segmented r256 Gx2", kSegmented, 1, 256, 2},
-                        {"segmented r1 Gx0.5", kSegmented, 1, 1, 0.5}};
+                        {"segmented r1 Gx0.5", kSegmented, 1, 1, 0.5},
+                        {"merge warp ipt4", -1, 4, 1, 0},
+                        {"merge warp ipt8", -1, 8, 1, 0},
+                        {"merge warp ipt16", -1, 16, 1, 0},
+                        {"merge cta ipt4", -1, 4, 8, 0},
+                        {"merge cta ipt8", -1, 8, 8, 0},
+                        {"merge cta ipt16", -1, 16, 8, 0}};
     for (int with_y = 0; with_y < 2; ++with_y) {
       for (const Alg& alg : algs) {
         std::vector<int32_t> rows, ptr{0};
         int64_t units = 0, num_long = 0, seg_ctas = 0;
-        if (alg.code == kSegmented) {
+        if (alg.code == -1) {
+          units = MergeWorkspaceElems(m, nnz, 32 * alg.chunk * alg.group, sizeof(Acc));  // workspace elements
+        } else if (alg.code == kSegmented) {
           seg_ctas = Segments(mat, alg.chunk, alg.gmul, &rows, &ptr);
           num_long = static_cast<int64_t>(ptr.size()) - 1;
         } else {
@@ -1329,16 +1354,27 @@ static int TailSmallChecks(const char* dname, double tol, int sms) {
         a.out = out, a.ws = ws, a.long_rows = lr, a.long_ptr = lp, a.m = m, a.k = k, a.n = 1, a.nnz = nnz;
         a.num_long = num_long, a.units = units, a.algorithm = alg.code, a.group = alg.group;
         a.chunk = alg.code == kSegmented ? seg_ctas : alg.chunk;
-        CHECK(cudaMemset(out, 0xFF, m * sizeof(T)));
-        CHECK((LaunchCsrSpmm<T, Acc>(nullptr, a, false, sms)));
-        CHECK(cudaDeviceSynchronize());
-        std::vector<T> ho(m);
-        CHECK(cudaMemcpy(ho.data(), out, m * sizeof(T), cudaMemcpyDeviceToHost));
+        std::vector<T> ho(m), first(m);
+        bool same = true;
+        for (int run = 0; run < (alg.code == -1 ? 2 : 1); ++run) {  // merge: a second run must be bitwise equal
+          CHECK(cudaMemset(out, 0xFF, m * sizeof(T)));
+          if (alg.code == -1)
+            CHECK((LaunchSpmvMerge<T, Acc>(nullptr, a, alg.group, static_cast<int>(alg.chunk))));
+          else
+            CHECK((LaunchCsrSpmm<T, Acc>(nullptr, a, false, sms)));
+          CHECK(cudaDeviceSynchronize());
+          CHECK(cudaMemcpy(ho.data(), out, m * sizeof(T), cudaMemcpyDeviceToHost));
+          if (run == 0)
+            first = ho;
+          else
+            same = std::memcmp(first.data(), ho.data(), m * sizeof(T)) == 0;
+        }
         double num = 0, den = 0;
-        bool finite = true;
+        bool finite = same;
         for (int64_t r = 0; r < m; ++r) {
           double sum = 0;
-          for (int32_t q = mat.indptr[r]; q < mat.indptr[r + 1]; ++q) sum += ToD(hv[q]) * ToD(hb[mat.indices[q]]);
+          for (int32_t q = mat.indptr[r]; q < mat.indptr[r + 1]; ++q)
+            if (mat.indices[q] >= 0 && mat.indices[q] < k) sum += ToD(hv[q]) * ToD(hb[mat.indices[q]]);
           const double ref = double(alpha) * sum + (with_y ? double(beta) * ToD(hy[r]) : 0.0);
           const double o = ToD(ho[r]);
           finite &= std::isfinite(o);
@@ -1348,15 +1384,15 @@ static int TailSmallChecks(const char* dname, double tol, int sms) {
         const bool ok = finite && err <= tol;
         if (!ok) {
           ++fails;
-          std::printf("  TAIL FAIL %s %s [%s] y=%d: err %.2e finite %d\n", dname, alg.name, mat.name.c_str(), with_y,
-                      err, int(finite));
+          std::printf("  TAIL FAIL %s %s [%s] y=%d: err %.2e finite(+bitwise rerun) %d\n", dname, alg.name,
+                      mat.name.c_str(), with_y, err, int(finite));
         }
         cudaFree(lr), cudaFree(lp), cudaFree(ws);
       }
     }
     cudaFree(ip), cudaFree(ix), cudaFree(v), cudaFree(b), cudaFree(y), cudaFree(out), cudaFree(al), cudaFree(be);
   }
-  std::printf("tail checks %s (split, segmented): %d failures\n", dname, fails);
+  std::printf("tail checks %s (split, segmented, merge): %d failures\n", dname, fails);
   return fails;
 }
 
@@ -1476,10 +1512,112 @@ static int RunTails(int sms) {
   return 0;
 }
 
+// --merge: the merge-path SpMV candidates (LaunchSpmvMerge) against cuSPARSE and the dispatched plan.
+struct MergeRow {
+  std::string name, op, plan;
+  double cusp = 0, cur = 0;
+  std::vector<std::pair<std::string, double>> cand;  // us, -1 = failed check
+};
+static std::vector<MergeRow> g_merge;
+static const int kMergeCfg[][2] = {{4, 1}, {8, 1}, {16, 1}, {4, 8}, {8, 8}, {16, 8}};  // (items/thread, warps/tile)
+
+static void MergeCase(const Csr& mat, const char* op, cusparseHandle_t handle, int sms) {
+  Case c;
+  SetupCase(c, mat, sms);
+  const Profile p = ProfileOf(mat);
+  std::printf("\n== %s  %s: M=%lld K=%lld nnz=%lld avg=%.1f p95=%.0f max=%lld\n", mat.name.c_str(), op,
+              (long long)mat.m, (long long)mat.k, (long long)mat.nnz(), p.avg, p.p95, (long long)p.max);
+  MergeRow row;
+  row.name = mat.name, row.op = op;
+  const Result cu =
+      Cusparse(c, handle, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_SPMV_ALG_DEFAULT, "cuSPARSE default", c.d, false);
+  Print(c, op, cu, cu.us);
+  row.cusp = cu.us;
+  const Result cur = Production(c);
+  Print(c, op, cur, cu.us);
+  row.plan = cur.plan, row.cur = cur.ok ? cur.us : -1;
+  for (const auto& cfg : kMergeCfg) {
+    const int ipt = cfg[0], tw = cfg[1];
+    const int64_t tile = int64_t{32} * tw * ipt;
+    const int64_t elems = MergeWorkspaceElems(mat.m, mat.nnz(), tile, 4);
+    float* ws = nullptr;
+    CHECK(cudaMalloc(&ws, std::max<int64_t>(1, elems) * 4));
+    CHECK(cudaMemset(ws, 0x7F, std::max<int64_t>(1, elems) * 4));
+    SpmmArgs<float, float> a = BaseArgs(c);
+    a.ws = ws, a.units = elems;
+    auto launch = [&] { CHECK((LaunchSpmvMerge<float, float>(nullptr, a, ipt, tw))); };
+    const std::string nm = std::string(tw == 1 ? "merge warp" : "merge cta") + " ipt=" + std::to_string(ipt) +
+                           " tile=" + std::to_string(tile);
+    Result r = Measure(c, nm, launch);
+    // determinism: a rerun (output poisoned again) must be bitwise equal to the timed runs' last output
+    std::vector<float> o1(mat.m), o2(mat.m);
+    CHECK(cudaMemcpy(o1.data(), c.y, mat.m * 4, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemset(c.y, 0xFF, mat.m * 4));
+    launch();
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(o2.data(), c.y, mat.m * 4, cudaMemcpyDeviceToHost));
+    if (std::memcmp(o1.data(), o2.data(), mat.m * 4) != 0) r.ok = false, r.plan += " (NOT BITWISE REPRODUCIBLE)";
+    Print(c, op, r, cu.us);
+    row.cand.push_back({nm, r.ok ? r.us : -1});
+    cudaFree(ws);
+  }
+  g_merge.push_back(row);
+  FreeCase(c);
+}
+
+static int RunMerge(int sms) {
+  cusparseHandle_t handle;
+  CHECK_SP(cusparseCreate(&handle));
+  {
+    const Csr a = PowerLaw(1000000, 1000000);
+    MergeCase(a, "Ax", handle, sms);
+    MergeCase(Transpose(a), "ATu", handle, sms);
+  }
+  for (const Csr& a :
+       {BundleAdjustment(1000000, 20000, 250000), BundleAdjustment(500000, 2000, 200000, "bundle-adj lsmr ba-like")}) {
+    MergeCase(a, "Ax", handle, sms);
+    MergeCase(Transpose(a), "ATu", handle, sms);
+  }
+  {
+    const Csr a = Uniform(2000000, 2000000, 16);
+    MergeCase(a, "Ax", handle, sms);
+    MergeCase(Transpose(a), "ATu", handle, sms);
+  }
+  MergeCase(Lsq(306136, 6177, 18), "Ax", handle, sms);
+  cusparseDestroy(handle);
+  int failed = 0;
+  std::printf("\n--merge summary (x = cuSPARSE default us / ours; -1 = failed check)\n%-24s %-4s %8s %8s %6s", "matrix",
+              "op", "cuSP us", "plan us", "xplan");
+  for (const auto& cfg : kMergeCfg)
+    std::printf(" %4s%-2d/%-5d", cfg[1] == 1 ? "w" : "cta", cfg[0], 32 * cfg[1] * cfg[0]);
+  std::printf(" %8s %6s  plan\n", "best us", "xbest");
+  double lp = 0, lb = 0;
+  int n = 0;
+  for (auto& t : g_merge) {
+    std::printf("%-24s %-4s %8.1f %8.1f %6.2f", t.name.c_str(), t.op.c_str(), t.cusp, t.cur,
+                t.cur > 0 ? t.cusp / t.cur : -1.0);
+    double best = 0;
+    for (auto& [nm, us] : t.cand) {
+      std::printf(" %12.2f", us > 0 ? t.cusp / us : -1.0);
+      if (us > 0 && (best == 0 || us < best)) best = us;
+      failed += us <= 0;
+    }
+    failed += t.cur <= 0;
+    std::printf(" %8.1f %6.2f  %s\n", best, best > 0 ? t.cusp / best : -1.0, t.plan.c_str());
+    if (t.cur > 0 && best > 0) lp += std::log(t.cusp / t.cur), lb += std::log(t.cusp / std::min(best, t.cur)), ++n;
+  }
+  if (n)
+    std::printf(
+        "geomean x cuSPARSE over %d cases: dispatched plan %.3f, min(plan, best merge) %.3f; failed checks %d\n", n,
+        std::exp(lp / n), std::exp(lb / n), failed);
+  return failed ? 1 : 0;
+}
+
 int main(int argc, char** argv) {
-  bool small_only = false, quick = false, slab_only = false, lsmr_pass = false, tails = false;
+  bool small_only = false, quick = false, slab_only = false, lsmr_pass = false, tails = false, merge = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tails")) tails = true;
+    if (!std::strcmp(argv[i], "--merge")) merge = true;
     if (!std::strcmp(argv[i], "--lsmr-pass")) lsmr_pass = true;
     if (!std::strcmp(argv[i], "--lsmr-ba")) g_sweep_split = true;
     if (!std::strcmp(argv[i], "--small")) small_only = true;
@@ -1493,19 +1631,20 @@ int main(int argc, char** argv) {
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
   int fails = 0;
-  if (!slab_only && !tails) {
+  if (!slab_only && !tails && !merge) {
     fails += SmallChecks<float, float>("f32", 1e-5, sms);
     fails += SmallChecks<double, double>("f64", 1e-12, sms);
     fails += SmallChecks<__half, float>("f16", 2e-3, sms);
     fails += SmallChecks<__nv_bfloat16, float>("bf16", 1e-2, sms);
   }
-  if (!tails) {
+  if (!tails && !merge) {
     fails += TailSmallChecks<float, float>("f32", 1e-5, sms);
     fails += TailSmallChecks<double, double>("f64", 1e-12, sms);
     fails += TailSmallChecks<__half, float>("f16", 2e-3, sms);
     fails += TailSmallChecks<__nv_bfloat16, float>("bf16", 1e-2, sms);
   }
   if (tails) return RunTails(sms) + (fails ? 1 : 0);
+  if (merge) return RunMerge(sms);
   if (!tails) fails += SlabSmallChecks(sms);
   if (small_only) return fails ? 1 : 0;
   if (lsmr_pass) {
