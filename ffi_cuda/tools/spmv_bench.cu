@@ -18,6 +18,9 @@
 //   --lsmr-ba: the full parameter sweep (split chunks 64/128/256 included) on LSMR's ba-like Jacobian and the
 //            suite's bundle-adjustment matrix, whose CSR(Aᵀ) mix long camera rows (~500 / ~100 entries) with
 //            short point rows (~5 / ~8); the profile rule picks vector G = 4 for all of them.
+//   --lsmr-block: LSMR's 16-RHS block solve, N = 16 SpMM (A V, Aᵀ U) on the three LSMR matrices (library plan,
+//            G/VEC, split chunks, slots/hybrid, [16, M] layout, cuSPARSE SpMM) and the k = 16 vector passes, with an
+//            iteration model (tools/lsmr_block.cuh).
 //   --small: only the small every-path correctness checks (all dtypes, N = 1 and SpMM, the slab kernels' ragged
 //            cases), e.g. under compute-sanitizer; --quick: no parameter sweeps, only the dispatched plan and
 //            cuSPARSE; --slab: the slab kernels' ragged checks, then the two LSQ matrices (slab predicate: yes) and
@@ -796,6 +799,9 @@ static void SpmmSplitCompare(const Csr& h, int sms) {
   Free(d);
 }
 
+// ------------------------------------------------- --lsmr-block: LSMR's 16-RHS block iteration (own section)
+#include "tools/lsmr_block.cuh"
+
 // --------------------------------------------------------------------------- small every-path checks (dtypes)
 template <typename T>
 static T FromF(float v) {
@@ -1477,6 +1483,15 @@ static int RunTails(int sms) {
 }
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)  // --lsmr-block [--csv FILE]: its own run (tools/lsmr_block.cuh)
+    if (!std::strcmp(argv[i], "--lsmr-block")) {
+      const char* csv = nullptr;
+      for (int j = 1; j + 1 < argc; ++j)
+        if (!std::strcmp(argv[j], "--csv")) csv = argv[j + 1];
+      int sms = 0;
+      CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+      return lsmr_block::Run(sms, csv);
+    }
   bool small_only = false, quick = false, slab_only = false, lsmr_pass = false, tails = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tails")) tails = true;
