@@ -446,6 +446,60 @@ def test_spmm_of_few_long_rows_takes_split():
     assert _rel(g, d @ (2 * (d.T @ _f64(U)))) < 1e-5
 
 
+def _small_ba(n_obs=2_000, n_cams=8, n_pts=800, seed=6):
+    """A small bundle-adjustment-like Jacobian (scipy CSR f32): 2 rows per observation, 9 camera + 3 point columns;
+    its CSR(Aᵀ) has 72 camera rows of ~500 (the long class) then 2400 point rows of ~5, like LSMR's ba-like."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    cam, pt = rng.integers(0, n_cams, n_obs), rng.integers(0, n_pts, n_obs)
+    cols = np.concatenate(
+        [9 * cam[:, None] + np.arange(9), 9 * n_cams + 3 * pt[:, None] + np.arange(3)], axis=1
+    )
+    cols = np.repeat(cols, 2, axis=0).reshape(-1)
+    rows = np.repeat(np.arange(2 * n_obs), 12)
+    vals = rng.standard_normal(rows.size).astype(np.float32)
+    return sp.csr_matrix((vals, (rows, cols)), shape=(2 * n_obs, 9 * n_cams + 3 * n_pts), dtype=np.float32)
+
+
+def test_spmm_long_class_rule(monkeypatch):
+    """The long-row class rule (issue 4, off by default): with the switch off nothing changes; on, an N > 1
+    product of CSR(Aᵀ) of a bundle-adjustment-like Jacobian (camera rows of ~500 = 75 % of the nnz, then point
+    rows of ~5) runs split at _SPMM_LONG_CHUNK (the lane rule does not fire: rows average < 512), its Ax does not;
+    the lane rule keeps its chunk. Results (vmap of rmatvec_axpby = LSMR's block call, matmat with alpha/beta/y,
+    gradients) against float64."""
+    a = _small_ba()
+    pair = sparse.csr_pair(_bcsr(a, np.float32))
+    d = a.toarray().astype(np.float64)
+    m, k = a.shape
+    assert pair.plan_t.long_share > 0.7 and pair.plan.long_share == 0.0
+    assert sparse.spmm_split_chunk(pair.plan_t, k, pair.nnz, 16, 4) is None  # default: unchanged
+    U, V = _rand((16, m), np.float32), _rand((16, k), np.float32, seed=2)
+    c = jnp.linspace(-0.5, 0.5, 16)
+    block = jax.jit(jax.vmap(lambda p, u, v, b: p.rmatvec_axpby(u, v, b), in_axes=(None, 0, 0, 0)))
+    ref = (d.T @ _f64(U).T).T + np.asarray(c)[:, None] * _f64(V)
+    off_hlo = block.lower(pair, U, V, c).as_text()
+    assert "algorithm = 2" not in off_hlo
+    monkeypatch.setattr(sparse, "_SPMM_SPLIT_LONG_CLASS", True)
+    ch = sparse._SPMM_LONG_CHUNK
+    assert sparse.spmm_split_chunk(pair.plan_t, k, pair.nnz, 16, 4) == ch
+    assert sparse.spmm_split_chunk(pair.plan_t, k, pair.nnz, 1, 4) is None  # SpMV keeps the segmented plan
+    assert sparse.spmm_split_chunk(pair.plan, m, pair.nnz, 16, 4) is None  # Ax: 12 per row
+    block = jax.jit(jax.vmap(lambda p, u, v, b: p.rmatvec_axpby(u, v, b), in_axes=(None, 0, 0, 0)))
+    hlo = block.lower(pair, U, V, c).as_text()
+    assert "algorithm = 2" in hlo and f"chunk = {ch}" in hlo
+    assert _rel(block(pair, U, V, c), ref) < 1e-5
+    Y = _rand((k, 16), np.float32, seed=3)
+    al, be = jnp.linspace(-1.0, 1.0, 16), jnp.linspace(2.0, 0.0, 16)
+    out = jax.jit(lambda p, U, Y: p.rmatmat(U, alpha=al, beta=be, y=Y))(pair, U.T, Y)
+    assert _rel(out, (d.T @ _f64(U).T) * np.asarray(al) + _f64(Y) * np.asarray(be)) < 1e-5
+    g = jax.grad(lambda W: jnp.sum(pair.rmatmat(W) ** 2))(U.T)
+    assert _rel(g, d @ (2 * (d.T @ _f64(U).T))) < 1e-5
+    # the lane rule (few rows of ~1200) keeps DEFAULT_SPLIT_CHUNK with the switch on
+    t = sparse.csr_pair(_bcsr(_random_csr(3000, 24, 0.4, np.float32, seed=4), np.float32))
+    assert sparse.spmm_split_chunk(t.plan_t, 24, t.nnz, 16, 4) == sparse.DEFAULT_SPLIT_CHUNK
+
+
 # ------------------------------------------------------------------------------------- the segmented plan
 def _ragged_cases():
     """Ragged CSR matrices for the segmented plan: empty rows + one huge row, all rows long, rows at the chunk

@@ -9,7 +9,7 @@
 //     ffi_cuda/tools/spmv_bench.cu -o spmv_bench -L $CU/lib -l:libcusparse.so.12
 // (the column-slab experiment build of 2026-11-29 was /work/main/.devbin/spmv_bench_slab; the library-kernel
 // build is /work/main/.devbin/c3/spmv_bench, same line)
-// Usage: spmv_bench [--small] [--quick] [--slab] [--lsmr-pass] [--tails] [--merge] [--csv FILE]
+// Usage: spmv_bench [--small] [--quick] [--slab] [--lsmr-pass] [--tails] [--merge] [--lsmr-block] [--csv FILE]
 //   --merge: the merge-path (nnz-balanced) SpMV candidates (LaunchSpmvMerge: warp tiles and CTA tiles of 4/8/16
 //            items per thread) against cuSPARSE and the dispatched plan on power-law 1M, bundle-adj 1M, uniform 2M
 //            (Ax, ATu), LSQ 306136x6177 Ax and LSMR's ba-like (Ax, ATu); each result checked against float64 with
@@ -22,6 +22,9 @@
 //   --lsmr-ba: the full parameter sweep (split chunks 64/128/256 included) on LSMR's ba-like Jacobian and the
 //            suite's bundle-adjustment matrix, whose CSR(Aᵀ) mix long camera rows (~500 / ~100 entries) with
 //            short point rows (~5 / ~8); the profile rule picks vector G = 4 for all of them.
+//   --lsmr-block: LSMR's 16-RHS block solve, N = 16 SpMM (A V, Aᵀ U) on the three LSMR matrices (library plan,
+//            G/VEC, split chunks, slots/hybrid, [16, M] layout, cuSPARSE SpMM) and the k = 16 vector passes, with an
+//            iteration model (tools/lsmr_block.cuh).
 //   --small: only the small every-path correctness checks (all dtypes, N = 1 and SpMM, the slab kernels' ragged
 //            cases), e.g. under compute-sanitizer; --quick: no parameter sweeps, only the dispatched plan and
 //            cuSPARSE; --slab: the slab kernels' ragged checks, then the two LSQ matrices (slab predicate: yes) and
@@ -800,6 +803,9 @@ static void SpmmSplitCompare(const Csr& h, int sms) {
   }
   Free(d);
 }
+
+// ------------------------------------------------- --lsmr-block: LSMR's 16-RHS block iteration (own section)
+#include "tools/lsmr_block.cuh"
 
 // --------------------------------------------------------------------------- small every-path checks (dtypes)
 template <typename T>
@@ -1614,6 +1620,15 @@ static int RunMerge(int sms) {
 }
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)  // --lsmr-block [--csv FILE]: its own run (tools/lsmr_block.cuh)
+    if (!std::strcmp(argv[i], "--lsmr-block")) {
+      const char* csv = nullptr;
+      for (int j = 1; j + 1 < argc; ++j)
+        if (!std::strcmp(argv[j], "--csv")) csv = argv[j + 1];
+      int sms = 0;
+      CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+      return lsmr_block::Run(sms, csv);
+    }
   bool small_only = false, quick = false, slab_only = false, lsmr_pass = false, tails = false, merge = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tails")) tails = true;
