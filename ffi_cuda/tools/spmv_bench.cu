@@ -1482,19 +1482,24 @@ static void TailsCase(const Csr& mat, const char* op, cusparseHandle_t handle, i
   FreeCase(c);
 }
 
-static int RunTails(int sms) {
-  cusparseHandle_t handle;
-  CHECK_SP(cusparseCreate(&handle));
+// Ax and ATu of the matrices where the SpMV plans trail cuSPARSE (power-law, bundle-adjustment, LSMR's ba-like).
+static void ForBelowTargetMatrices(const std::function<void(const Csr&, const char*)>& run) {
   {
     const Csr a = PowerLaw(1000000, 1000000);
-    TailsCase(a, "Ax", handle, sms);
-    TailsCase(Transpose(a), "ATu", handle, sms);
+    run(a, "Ax");
+    run(Transpose(a), "ATu");
   }
   for (const Csr& a :
        {BundleAdjustment(1000000, 20000, 250000), BundleAdjustment(500000, 2000, 200000, "bundle-adj lsmr ba-like")}) {
-    TailsCase(a, "Ax", handle, sms);
-    TailsCase(Transpose(a), "ATu", handle, sms);
+    run(a, "Ax");
+    run(Transpose(a), "ATu");
   }
+}
+
+static int RunTails(int sms) {
+  cusparseHandle_t handle;
+  CHECK_SP(cusparseCreate(&handle));
+  ForBelowTargetMatrices([&](const Csr& a, const char* op) { TailsCase(a, op, handle, sms); });
   TailsCase(Transpose(Uniform(2000000, 2000000, 16)), "ATu", handle, sms);
   cusparseDestroy(handle);
   std::printf("\n--tails summary (us; x = cuSPARSE default / ours)\n%-24s %-4s %8s %8s %6s %8s %6s  %s | %s\n",
@@ -1574,16 +1579,7 @@ static void MergeCase(const Csr& mat, const char* op, cusparseHandle_t handle, i
 static int RunMerge(int sms) {
   cusparseHandle_t handle;
   CHECK_SP(cusparseCreate(&handle));
-  {
-    const Csr a = PowerLaw(1000000, 1000000);
-    MergeCase(a, "Ax", handle, sms);
-    MergeCase(Transpose(a), "ATu", handle, sms);
-  }
-  for (const Csr& a :
-       {BundleAdjustment(1000000, 20000, 250000), BundleAdjustment(500000, 2000, 200000, "bundle-adj lsmr ba-like")}) {
-    MergeCase(a, "Ax", handle, sms);
-    MergeCase(Transpose(a), "ATu", handle, sms);
-  }
+  ForBelowTargetMatrices([&](const Csr& a, const char* op) { MergeCase(a, op, handle, sms); });
   {
     const Csr a = Uniform(2000000, 2000000, 16);
     MergeCase(a, "Ax", handle, sms);
