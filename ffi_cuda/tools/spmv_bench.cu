@@ -1411,20 +1411,34 @@ struct TailRow {
 };
 static std::vector<TailRow> g_tails;
 
+// The common start of a --tails / --merge case: the case set up, its header line, then the cuSPARSE row and the
+// dispatched plan's row (both printed).
+struct Baseline {
+  Profile p;
+  Result cu, cur;
+};
+static Baseline StartCase(Case& c, const Csr& mat, const char* op, cusparseHandle_t handle, int sms) {
+  SetupCase(c, mat, sms);
+  Baseline base;
+  const Profile& p = base.p = ProfileOf(mat);
+  std::printf("\n== %s  %s: M=%lld K=%lld nnz=%lld avg=%.1f p95=%.0f max=%lld\n", mat.name.c_str(), op,
+              (long long)mat.m, (long long)mat.k, (long long)mat.nnz(), p.avg, p.p95, (long long)p.max);
+  base.cu =
+      Cusparse(c, handle, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_SPMV_ALG_DEFAULT, "cuSPARSE default", c.d, false);
+  Print(c, op, base.cu, base.cu.us);
+  base.cur = Production(c);
+  Print(c, op, base.cur, base.cu.us);
+  return base;
+}
+
 static void TailsCase(const Csr& mat, const char* op, cusparseHandle_t handle, int sms) {
   Case c;
-  SetupCase(c, mat, sms);
-  const Profile p = ProfileOf(mat);
-  std::printf("\n== %s  %s: M=%lld nnz=%lld avg=%.1f p95=%.0f max=%lld\n", mat.name.c_str(), op, (long long)mat.m,
-              (long long)mat.nnz(), p.avg, p.p95, (long long)p.max);
+  const Baseline base = StartCase(c, mat, op, handle, sms);
+  const Result &cu = base.cu, &cur = base.cur;
+  const Profile& p = base.p;
   TailRow row;
   row.name = mat.name, row.op = op;
-  const Result cu =
-      Cusparse(c, handle, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_SPMV_ALG_DEFAULT, "cuSPARSE default", c.d, false);
-  Print(c, op, cu, cu.us);
   row.cusp = cu.us;
-  const Result cur = Production(c);
-  Print(c, op, cur, cu.us);
   row.cur_plan = cur.plan, row.cur = cur.ok ? cur.us : 0;
   row.best_plan = cur.plan, row.best = row.cur;
   auto add = [&](const Result& r) {
@@ -1534,18 +1548,11 @@ static const int kMergeCfg[][2] = {{4, 1}, {8, 1}, {16, 1}, {4, 8}, {8, 8}, {16,
 
 static void MergeCase(const Csr& mat, const char* op, cusparseHandle_t handle, int sms) {
   Case c;
-  SetupCase(c, mat, sms);
-  const Profile p = ProfileOf(mat);
-  std::printf("\n== %s  %s: M=%lld K=%lld nnz=%lld avg=%.1f p95=%.0f max=%lld\n", mat.name.c_str(), op,
-              (long long)mat.m, (long long)mat.k, (long long)mat.nnz(), p.avg, p.p95, (long long)p.max);
+  const Baseline base = StartCase(c, mat, op, handle, sms);
+  const Result &cu = base.cu, &cur = base.cur;
   MergeRow row;
   row.name = mat.name, row.op = op;
-  const Result cu =
-      Cusparse(c, handle, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_SPMV_ALG_DEFAULT, "cuSPARSE default", c.d, false);
-  Print(c, op, cu, cu.us);
   row.cusp = cu.us;
-  const Result cur = Production(c);
-  Print(c, op, cur, cu.us);
   row.plan = cur.plan, row.cur = cur.ok ? cur.us : -1;
   for (const auto& cfg : kMergeCfg) {
     const int ipt = cfg[0], tw = cfg[1];
