@@ -7,8 +7,7 @@
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -cudart static \
 //     -I ffi_cuda -isystem $(python3 -c "import jax.ffi as f; print(f.include_dir())") -isystem $CU/include \
 //     ffi_cuda/tools/spmv_bench.cu -o spmv_bench -L $CU/lib -l:libcusparse.so.12
-// (the column-slab experiment build of 2026-11-29 was /work/main/.devbin/spmv_bench_slab; the library-kernel
-// build is /work/main/.devbin/c3/spmv_bench, same line)
+// or build and run it on the GPU machine itself: ffi_cuda/tools/run_spmv_experiments.sh.
 // Usage: spmv_bench [--small] [--quick] [--slab] [--lsmr-pass] [--tails] [--merge] [--lsmr-block] [--csv FILE]
 //   --merge: the merge-path (nnz-balanced) SpMV candidates (LaunchSpmvMerge: warp tiles and CTA tiles of 4/8/16
 //            items per thread) against cuSPARSE and the dispatched plan on power-law 1M, bundle-adj 1M, uniform 2M
