@@ -648,11 +648,12 @@ def _xla_spmm(indptr, indices, values, b2, alpha, beta, y):
     return out.astype(values.dtype)
 
 
-# SpMM (N > 1) on matrices with few, long rows — e.g. CSR(Aᵀ) of a tall least-squares matrix, 6177 rows of ~900
-# nnz: the group kernel gives each (row, column tile) one group of G lanes, which leaves most of the GPU idle and
-# walks every long row serially. Below _SPMM_MIN_LANES lanes in that grid, with rows averaging at least two split
-# chunks, the product takes the split plan instead (DEFAULT_SPLIT_CHUNK-nnz units, a group each, partials summed
-# per row in unit order: deterministic), whatever the N = 1 plan is. Long-row lists are built in the graph.
+# SpMM (N > 1) on matrices with few, long rows: each (row, column tile) gets one team of G column lanes (times S
+# slots on the 16-byte path, _spmm_slots), so a handful of long rows leaves most of the GPU idle. Below
+# _SPMM_MIN_LANES lanes in that grid, with rows averaging at least two split chunks, the product takes the split
+# plan instead (DEFAULT_SPLIT_CHUNK-nnz units, a team each, partials summed per row in unit order:
+# deterministic), whatever the N = 1 plan is. Long-row lists are built in the graph. (CSR(Aᵀ) of LSMR's 8kv-like
+# matrix, 6177 rows of ~900, no longer splits: 32 lanes per row run it 2.2x faster than the split plan did.)
 _SPMM_MIN_LANES = 1 << 16
 _SPMM_SPLIT_MAX_WORKSPACE = 1 << 28  # bytes of per-unit partials the split SpMM may take
 
@@ -669,7 +670,15 @@ def spmm_takes_split(plan: Plan, m: int, nnz: int, n: int, itemsize: int) -> boo
     vec = 16 // itemsize if n % (16 // itemsize) == 0 else 1  # the kernel's 16-byte path (when aligned)
     g = min(32, max(2, 1 << max(0, math.ceil(math.log2(-(-n // vec))))))
     tiles = -(-n // (g * vec))
-    return m * g * tiles < _SPMM_MIN_LANES
+    slots = _spmm_slots(nnz / m, g) if vec > 1 else 1
+    return m * g * slots * tiles < _SPMM_MIN_LANES
+
+
+def _spmm_slots(avg_nnz: float, g: int) -> int:
+    """Slots per team of the 16-byte SpMM kernel for rows averaging ``avg_nnz``; SlotsFor in
+    ffi_cuda/sparse/spmm_kernels_impl.cuh must match."""
+    s = 8 if avg_nnz >= 256 else 4 if avg_nnz >= 128 else 2 if avg_nnz >= 64 else 1
+    return min(s, 32 // g)
 
 
 # Long-row class rule (issue 4, LSMR's 16-RHS block solve; OFF until GPU numbers exist: spmv_bench --lsmr-block).

@@ -7,10 +7,12 @@
 //   SpmvGroupKernel<G>  the previous N == 1 kernel (one row per group, 2 in flight); kept as the baseline of
 //                       ffi_cuda/tools/spmv_bench.cu, not launched by LaunchCsrSpmm.
 //   SpmvCtaKernel       N == 1: one 256-thread CTA per row, warp shuffles + fixed-order smem reduction.
-//   SpmmGroupKernel<G,VEC>  N > 1: a group of G lanes owns (row, column tile of G*VEC columns); every lane holds
-//                       VEC register accumulators for VEC adjacent columns (16-byte loads of B/y/out rows when
-//                       aligned). The group loads G (col, value) pairs at once, one per lane, and broadcasts
-//                       them with shuffles, so index/value reads are coalesced and amortised over the tile.
+//   SpmmSlotsKernel<G,VEC,S>  N > 1 with 16-byte rows (N a multiple of 16/sizeof(T), aligned): G * S lanes own
+//                       (row, column tile of G*VEC columns), G column lanes with VEC register accumulators each
+//                       by S slots that split the row's entries (4 gathers in flight per lane); S by row length.
+//   SpmmGroupKernel<G,1>  other N > 1: a group of G lanes owns (row, column tile of G columns). The group loads
+//                       G (col, value) pairs at once, one per lane, and broadcasts them with shuffles, so
+//                       index/value reads are coalesced and amortised over the tile.
 //   split               rows longer than `chunk` are skipped by the kernels above (pass 1), cut into units of
 //                       `chunk` nnz (pass 2: SpmvUnitKernel for N == 1, SpmmGroupKernel in unit mode for N > 1,
 //                       partials into the workspace) and summed by SpmvFixupKernel (N == 1: lane l sums units
@@ -426,6 +428,32 @@ __device__ __forceinline__ void LoadVec(const T* p, Acc (&v)[VEC]) {
   }
 }
 
+// Writes one lane's VEC columns of an SpMM item: the unit's partials (unit mode) or the epilogue
+// alpha * acc + beta * y into out (16-byte accesses when VEC > 1).
+template <typename T, typename Acc, int VEC>
+__device__ __forceinline__ void StoreTile(const SpmmArgs<T, Acc>& a, bool unit_mode, int64_t idx, int64_t r,
+                                          int64_t col0, const Acc (&acc)[VEC]) {
+  if (unit_mode) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) a.ws[idx * a.n + col0 + i] = acc[i];
+  } else if constexpr (VEC == 1) {
+    StoreOut(a, r, col0, acc[0]);
+  } else {
+    const int64_t off = r * a.n + col0;
+    Acc yv[VEC];
+    if (a.y != nullptr) LoadVec<T, Acc, VEC>(a.y + off, yv);
+    uint4 raw;
+    T* t = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      Acc o = __ldg(a.alpha + col0 + i) * acc[i];
+      if (a.y != nullptr) o += __ldg(a.beta + col0 + i) * yv[i];
+      t[i] = FromAcc<T>(o);
+    }
+    *reinterpret_cast<uint4*>(a.out + off) = raw;
+  }
+}
+
 template <typename T, typename Acc, int G, int VEC>
 __global__ void __launch_bounds__(kThreads) SpmmGroupKernel(SpmmArgs<T, Acc> a, bool unit_mode) {
   const unsigned mask = GroupMask<G>();
@@ -472,27 +500,68 @@ __global__ void __launch_bounds__(kThreads) SpmmGroupKernel(SpmmArgs<T, Acc> a, 
         for (int j = 0; j < cnt; ++j) fma_pair(__shfl_sync(mask, c, j, G), __shfl_sync(mask, v, j, G));
       }
     }
-    if (!active) continue;
-    if (unit_mode) {
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) a.ws[idx * a.n + col0 + i] = acc[i];
-    } else if constexpr (VEC == 1) {
-      StoreOut(a, r, col0, acc[0]);
-    } else {
-      const int64_t off = r * a.n + col0;
-      Acc yv[VEC];
-      if (a.y != nullptr) LoadVec<T, Acc, VEC>(a.y + off, yv);
-      uint4 raw;
-      T* t = reinterpret_cast<T*>(&raw);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        Acc o = __ldg(a.alpha + col0 + i) * acc[i];
-        if (a.y != nullptr) o += __ldg(a.beta + col0 + i) * yv[i];
-        t[i] = FromAcc<T>(o);
-      }
-      *reinterpret_cast<uint4*>(a.out + off) = raw;
-    }
+    if (active) StoreTile<T, Acc, VEC>(a, unit_mode, idx, r, col0, acc);
   }
+}
+
+// SpmmSlotsKernel<G, VEC, S> (N > 1, 16-byte rows: VEC = 16 / sizeof(T)): a team of G * S lanes owns (work item,
+// column tile of G * VEC columns), G column lanes by S slots. Slot j walks the item's entries j, j + S, ... four
+// at a time, so every lane has four B-row gathers in flight (the group kernel above has one, behind a shuffle);
+// the slots' partial sums meet in a fixed xor tree (deterministic). S grows with the nnz per item (SlotsFor), so
+// long rows (CSR(Aᵀ) of a tall least-squares matrix) get up to 32 lanes. H200, N = 16 f32 (spmv_bench
+// --lsmr-block): 1.12-1.41x the group kernel on LSMR's A, 1.47-2.24x on its Aᵀ (vs group / split).
+template <typename T, typename Acc, int G, int VEC, int S>
+__global__ void __launch_bounds__(kThreads) SpmmSlotsKernel(SpmmArgs<T, Acc> a, bool unit_mode) {
+  constexpr int kTeam = G * S;
+  static_assert(kTeam <= 32, "a team must fit in a warp");
+  const unsigned mask = GroupMask<kTeam>();
+  const int lane = threadIdx.x & (kTeam - 1), slot = lane / G, cl = lane % G;
+  const int64_t team = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kTeam;
+  const int64_t teams = static_cast<int64_t>(gridDim.x) * blockDim.x / kTeam;
+  constexpr int64_t kTileW = int64_t{G} * VEC;
+  const int64_t tiles = (a.n + kTileW - 1) / kTileW;
+  const int64_t items = (unit_mode ? UnitsTotal(a) : a.m) * tiles;
+  const uint32_t k = static_cast<uint32_t>(a.k);
+  for (int64_t item = team; item < items; item += teams) {
+    const int64_t idx = item / tiles;
+    const int64_t col0 = (item - idx * tiles) * kTileW + int64_t{cl} * VEC;
+    int64_t r, s, e;
+    if (!ItemRange(a, idx, unit_mode, &r, &s, &e)) continue;  // the same answer for the whole team
+    const bool active = col0 < a.n;
+    Acc acc[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[i] = 0;
+    auto fma = [&](int c, Acc v) {
+      if (static_cast<uint32_t>(c) < k && active) {
+        Acc bv[VEC];
+        LoadVec<T, Acc, VEC>(a.b + static_cast<int64_t>(c) * a.n + col0, bv);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) acc[i] += v * bv[i];
+      }
+    };
+    int64_t p = s + slot;
+    for (; p + 3 * S < e; p += 4 * S) {
+      int c[4];
+      Acc v[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) c[j] = __ldg(a.indices + p + j * S), v[j] = ToAcc(Ld(a.values + p + j * S));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) fma(c[j], v[j]);
+    }
+    for (; p < e; p += S) fma(__ldg(a.indices + p), ToAcc(Ld(a.values + p)));
+#pragma unroll
+    for (int off = G; off < kTeam; off <<= 1)
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) acc[i] += __shfl_xor_sync(mask, acc[i], off, kTeam);
+    if (slot == 0 && active) StoreTile<T, Acc, VEC>(a, unit_mode, idx, r, col0, acc);
+  }
+}
+
+// Slots per team for items averaging `avg` nnz (H200 --lsmr-block, N = 16 f32: rows of 18-21 best at S = 1, of
+// 840-892 at S = 2-8 within 7 %), capped so the team fits in a warp. jax_ops.sparse._spmm_slots must match.
+inline int SlotsFor(double avg, int g) {
+  const int s = avg >= 256 ? 8 : avg >= 128 ? 4 : avg >= 64 ? 2 : 1;
+  return std::min(s, 32 / g);
 }
 
 // Pass 3 of split: one warp per long row, lanes over columns, partials summed in unit order.
@@ -599,6 +668,15 @@ cudaError_t WithGroup(int g, F&& f) {
   }
 }
 
+// f(integral_constant<S>) for slots s in {1, 2, 4, 8}, capped at 32 / G (SlotsFor already caps).
+template <int G, typename F>
+cudaError_t WithSlots(int s, F&& f) {
+  if (s >= 8 && G * 8 <= 32) return f(std::integral_constant<int, (G * 8 <= 32 ? 8 : 1)>{});
+  if (s >= 4 && G * 4 <= 32) return f(std::integral_constant<int, (G * 4 <= 32 ? 4 : 1)>{});
+  if (s >= 2 && G * 2 <= 32) return f(std::integral_constant<int, (G * 2 <= 32 ? 2 : 1)>{});
+  return f(std::integral_constant<int, 1>{});
+}
+
 inline int NextPow2(int64_t v) {
   int p = 1;
   while (p < v && p < 32) p *= 2;
@@ -650,9 +728,19 @@ cudaError_t LaunchCsrSpmm(cudaStream_t stream, const SpmmArgs<T, Acc>& a, bool v
       const int64_t tiles_1 = (a.n + G - 1) / G;
       const int64_t tiles_v = (a.n + int64_t{G} * kVec16 - 1) / (int64_t{G} * kVec16);
       if (vec16) {
-        SpmmGroupKernel<T, Acc, G, kVec16><<<blocks_for(a.m * tiles_v * G), kThreads, 0, stream>>>(a, false);
-        if (split)
-          SpmmGroupKernel<T, Acc, G, kVec16><<<blocks_for(a.units * tiles_v * G), kThreads, 0, stream>>>(a, true);
+        // Slots for the average row (under split, nnz / m over-counts the short rows: speed only) and, in unit
+        // mode, for units of `chunk` nnz.
+        auto slots = [&](int s, int64_t items, bool unit_mode) {
+          return WithSlots<G>(s, [&](auto sc) {
+            constexpr int S = decltype(sc)::value;
+            SpmmSlotsKernel<T, Acc, G, kVec16, S>
+                <<<blocks_for(items * tiles_v * G * S), kThreads, 0, stream>>>(a, unit_mode);
+            return cudaGetLastError();
+          });
+        };
+        cudaError_t e = slots(SlotsFor(static_cast<double>(a.nnz) / a.m, G), a.m, false);
+        if (e == cudaSuccess && split) e = slots(SlotsFor(static_cast<double>(a.chunk), G), a.units, true);
+        if (e != cudaSuccess) return e;
       } else {
         SpmmGroupKernel<T, Acc, G, 1><<<blocks_for(a.m * tiles_1 * G), kThreads, 0, stream>>>(a, false);
         if (split) SpmmGroupKernel<T, Acc, G, 1><<<blocks_for(a.units * tiles_1 * G), kThreads, 0, stream>>>(a, true);
