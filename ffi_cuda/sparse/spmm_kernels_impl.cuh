@@ -504,14 +504,24 @@ __global__ void __launch_bounds__(kThreads) SpmmGroupKernel(SpmmArgs<T, Acc> a, 
   }
 }
 
+// Launch bound of the slots kernel (CTAs of 256 per SM): 8 (<= 32 registers, full occupancy for the
+// latency-bound gathers) for f32 with one column tile, else 6 (<= 40; at 8 those spill). Without a bound ptxas
+// took 40-47 registers (5 CTAs/SM) and the kernel ran no faster than the group kernel (H200, LSMR ba-like N = 16:
+// A V 150 us, against 102 us for the same loop at 32 registers in spmv_bench --lsmr-block).
+template <typename T, int G>
+constexpr int SlotsMinBlocks() {
+  return sizeof(T) == 4 && G < 32 ? 8 : 6;
+}
+
 // SpmmSlotsKernel<G, VEC, S> (N > 1, 16-byte rows: VEC = 16 / sizeof(T)): a team of G * S lanes owns (work item,
 // column tile of G * VEC columns), G column lanes by S slots. Slot j walks the item's entries j, j + S, ... four
 // at a time, so every lane has four B-row gathers in flight (the group kernel above has one, behind a shuffle);
 // the slots' partial sums meet in a fixed xor tree (deterministic). S grows with the nnz per item (SlotsFor), so
 // long rows (CSR(Aᵀ) of a tall least-squares matrix) get up to 32 lanes. H200, N = 16 f32 (spmv_bench
 // --lsmr-block): 1.12-1.41x the group kernel on LSMR's A, 1.47-2.24x on its Aᵀ (vs group / split).
-template <typename T, typename Acc, int G, int VEC, int S>
-__global__ void __launch_bounds__(kThreads) SpmmSlotsKernel(SpmmArgs<T, Acc> a, bool unit_mode) {
+template <typename T, typename Acc, int G, int VEC, int S, bool kUnitMode>
+__global__ void __launch_bounds__(kThreads, (SlotsMinBlocks<T, G>())) SpmmSlotsKernel(SpmmArgs<T, Acc> a) {
+  constexpr bool unit_mode = kUnitMode;
   constexpr int kTeam = G * S;
   static_assert(kTeam <= 32, "a team must fit in a warp");
   const unsigned mask = GroupMask<kTeam>();
@@ -519,11 +529,13 @@ __global__ void __launch_bounds__(kThreads) SpmmSlotsKernel(SpmmArgs<T, Acc> a, 
   const int64_t team = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kTeam;
   const int64_t teams = static_cast<int64_t>(gridDim.x) * blockDim.x / kTeam;
   constexpr int64_t kTileW = int64_t{G} * VEC;
-  const int64_t tiles = (a.n + kTileW - 1) / kTileW;
+  // G = nextpow2(N / VEC) < 32 means one column tile: no per-item 64-bit division (and fewer registers).
+  constexpr bool kOneTile = G < 32;
+  const int64_t tiles = kOneTile ? 1 : (a.n + kTileW - 1) / kTileW;
   const int64_t items = (unit_mode ? UnitsTotal(a) : a.m) * tiles;
   const uint32_t k = static_cast<uint32_t>(a.k);
   for (int64_t item = team; item < items; item += teams) {
-    const int64_t idx = item / tiles;
+    const int64_t idx = kOneTile ? item : item / tiles;
     const int64_t col0 = (item - idx * tiles) * kTileW + int64_t{cl} * VEC;
     int64_t r, s, e;
     if (!ItemRange(a, idx, unit_mode, &r, &s, &e)) continue;  // the same answer for the whole team
@@ -730,16 +742,17 @@ cudaError_t LaunchCsrSpmm(cudaStream_t stream, const SpmmArgs<T, Acc>& a, bool v
       if (vec16) {
         // Slots for the average row (under split, nnz / m over-counts the short rows: speed only) and, in unit
         // mode, for units of `chunk` nnz.
-        auto slots = [&](int s, int64_t items, bool unit_mode) {
+        auto slots = [&](int s, int64_t items, auto unit_mode) {
           return WithSlots<G>(s, [&](auto sc) {
             constexpr int S = decltype(sc)::value;
-            SpmmSlotsKernel<T, Acc, G, kVec16, S>
-                <<<blocks_for(items * tiles_v * G * S), kThreads, 0, stream>>>(a, unit_mode);
+            SpmmSlotsKernel<T, Acc, G, kVec16, S, decltype(unit_mode)::value>
+                <<<blocks_for(items * tiles_v * G * S), kThreads, 0, stream>>>(a);
             return cudaGetLastError();
           });
         };
-        cudaError_t e = slots(SlotsFor(static_cast<double>(a.nnz) / a.m, G), a.m, false);
-        if (e == cudaSuccess && split) e = slots(SlotsFor(static_cast<double>(a.chunk), G), a.units, true);
+        cudaError_t e = slots(SlotsFor(static_cast<double>(a.nnz) / a.m, G), a.m, std::false_type{});
+        if (e == cudaSuccess && split)
+          e = slots(SlotsFor(static_cast<double>(a.chunk), G), a.units, std::true_type{});
         if (e != cudaSuccess) return e;
       } else {
         SpmmGroupKernel<T, Acc, G, 1><<<blocks_for(a.m * tiles_1 * G), kThreads, 0, stream>>>(a, false);
