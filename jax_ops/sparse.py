@@ -125,9 +125,6 @@ class Plan:
     group: int = 32
     chunk: int = 0
     units: int = 0  # split work units (workspace rows); 0 otherwise
-    # share of the nnz in rows longer than _SPMM_LONG_CHUNK (concrete indptr; 0 when traced): the long-class SpMM
-    # rule (spmm_split_chunk)
-    long_share: float = 0.0
 
 
 def _vector_group(avg: float) -> int:
@@ -600,7 +597,6 @@ def _make_plan(
     if algorithm is not None and algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS} or None, got {algorithm!r}")
     alg = algorithm or choose_algorithm(profile, m, nnz, k, itemsize)
-    share = _long_share(np.asarray(indptr), _SPMM_LONG_CHUNK) if _is_concrete(indptr) else 0.0
     if algorithm is None and alg == "vector" and profile is not None and _is_concrete(indptr):
         if segmented_applies(np.asarray(indptr)):
             alg = "segmented"
@@ -614,9 +610,9 @@ def _make_plan(
         if not _is_concrete(indptr):
             return Plan("vector", group, 0, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
         table, ptr, ctas = _segment_table(segments_host(np.asarray(indptr), seg_rows))
-        return Plan(alg, group, ctas, 0, share), jnp.asarray(table), jnp.asarray(ptr)
+        return Plan(alg, group, ctas, 0), jnp.asarray(table), jnp.asarray(ptr)
     if alg != "split":
-        return Plan(alg, group, 0, 0, share), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
+        return Plan(alg, group, 0, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
     chunk = int(split_chunk or DEFAULT_SPLIT_CHUNK)
     if chunk < 1:
         raise ValueError(f"split_chunk must be >= 1, got {chunk}")
@@ -681,49 +677,14 @@ def _spmm_slots(avg_nnz: float, g: int) -> int:
     return min(s, 32 // g)
 
 
-# Long-row class rule (issue 4, LSMR's 16-RHS block solve; OFF until GPU numbers exist: spmv_bench --lsmr-block).
-# CSR(Aᵀ) of LSMR's ba-like Jacobian has ~18k camera rows of ~500 nnz (75 % of the nnz) before ~600k point rows of ~5;
-# the N = 16 group kernel (G = 4 lanes per row) walks each camera row serially (~125 steps) while the point rows
-# finish early. With the switch on, an N > 1 product whose rows longer than _SPMM_LONG_CHUNK hold at least
-# _SPMM_LONG_MIN_SHARE of the nnz runs the split plan at that chunk (only those rows are cut into units; the rest
-# stays on the group kernel; partials summed in unit order: deterministic). It then also applies to the LSQ Aᵀ that
-# the lane rule above misses (11kv-like: 23394 rows of ~840, 93.6k lanes).
-_SPMM_SPLIT_LONG_CLASS = False
-_SPMM_LONG_CHUNK = 128
-_SPMM_LONG_MIN_SHARE = 0.25
-
-
-def _long_share(indptr: np.ndarray, chunk: int) -> float:
-    """Share of the nnz held by rows longer than ``chunk`` (host, concrete indptr)."""
-    lens = np.diff(np.asarray(indptr, np.int64))
-    total = int(lens.sum()) if lens.size else 0
-    return float(lens[lens > chunk].sum() / total) if total > 0 else 0.0
-
-
-def spmm_split_chunk(plan: Plan, m: int, nnz: int, n: int, itemsize: int) -> int | None:
-    """The split chunk an N-column product with this plan runs at, or None (the plan's own kernel): the lane rule
-    (spmm_takes_split, DEFAULT_SPLIT_CHUNK), else with _SPMM_SPLIT_LONG_CLASS on the long-class rule
-    (_SPMM_LONG_CHUNK)."""
-    if spmm_takes_split(plan, m, nnz, n, itemsize):
-        return DEFAULT_SPLIT_CHUNK
-    if not _SPMM_SPLIT_LONG_CLASS or n <= 1 or m == 0:
-        return None
-    if plan.algorithm not in ("vector", "warp", "cta", "segmented") or plan.long_share < _SPMM_LONG_MIN_SHARE:
-        return None
-    c = _SPMM_LONG_CHUNK
-    units_max = nnz // c + nnz // (c + 1)  # _long_rows_traced's bound
-    if units_max * n * max(itemsize, 4) > _SPMM_SPLIT_MAX_WORKSPACE:
-        return None
-    return c
-
-
 def _ffi_spmm(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr, *, plan: Plan):
     m = indptr.shape[0] - 1
     n = b2.shape[1]
-    chunk = spmm_split_chunk(plan, m, int(indices.shape[0]), n, np.dtype(values.dtype).itemsize)
-    if chunk is not None:
+    if spmm_takes_split(plan, m, int(indices.shape[0]), n, np.dtype(values.dtype).itemsize):
         indptr = _sanitize_indptr(indptr, int(indices.shape[0]))  # split needs a monotone indptr
-        plan, long_rows, long_ptr = _make_plan(indptr, int(indices.shape[0]), m, None, "split", chunk)
+        plan, long_rows, long_ptr = _make_plan(
+            indptr, int(indices.shape[0]), m, None, "split", DEFAULT_SPLIT_CHUNK
+        )
     acc = _acc_dtype(values.dtype)
     out = jax.ShapeDtypeStruct((m, n), values.dtype)
     ws = jax.ShapeDtypeStruct((max(plan.units * n, 1),), acc)

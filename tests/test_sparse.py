@@ -432,6 +432,11 @@ def test_spmm_of_few_long_rows_takes_split():
     assert sparse.spmm_takes_split(pair.plan_t, 24, pair.nnz, 16, 4)
     assert not sparse.spmm_takes_split(pair.plan_t, 24, pair.nnz, 1, 4)  # SpMV keeps its plan
     assert not sparse.spmm_takes_split(pair.plan, 3000, pair.nnz, 16, 4)  # short rows keep theirs
+    # the lane count includes the 16-byte kernel's slots (SlotsFor): CSR(Aᵀ) of LSMR's 8kv-like matrix (6177 rows
+    # of ~892) has 6177 * 4 * 8 lanes >= 2^16 and stays unsplit; 2000 such rows would split
+    assert (sparse._spmm_slots(892, 4), sparse._spmm_slots(19.4, 4), sparse._spmm_slots(892, 32)) == (8, 1, 1)
+    assert not sparse.spmm_takes_split(sparse.Plan("vector", 32), 6177, 6177 * 892, 16, 4)
+    assert sparse.spmm_takes_split(sparse.Plan("vector", 32), 2000, 2000 * 892, 16, 4)
     U, Y = _rand((3000, 16), np.float32), _rand((24, 16), np.float32, seed=2)
     hlo = jax.jit(lambda p, U: p.rmatmat(U)).lower(pair, U).as_text()
     assert "algorithm = 2" in hlo and "chunk = 256" in hlo  # the split kernel (code 2) with 256-nnz units
@@ -462,32 +467,19 @@ def _small_ba(n_obs=2_000, n_cams=8, n_pts=800, seed=6):
     return sp.csr_matrix((vals, (rows, cols)), shape=(2 * n_obs, 9 * n_cams + 3 * n_pts), dtype=np.float32)
 
 
-def test_spmm_long_class_rule(monkeypatch):
-    """The long-row class rule (issue 4, off by default): with the switch off nothing changes; on, an N > 1
-    product of CSR(Aᵀ) of a bundle-adjustment-like Jacobian (camera rows of ~500 = 75 % of the nnz, then point
-    rows of ~5) runs split at _SPMM_LONG_CHUNK (the lane rule does not fire: rows average < 512), its Ax does not;
-    the lane rule keeps its chunk. Results (vmap of rmatvec_axpby = LSMR's block call, matmat with alpha/beta/y,
-    gradients) against float64."""
+def test_spmm_of_bundle_adjustment_transpose():
+    """N > 1 products of CSR(Aᵀ) of a bundle-adjustment-like Jacobian (camera rows of ~500 = 75 % of the nnz,
+    then point rows of ~5; the segmented plan for N = 1, the vector path for N > 1): vmap of rmatvec_axpby
+    (LSMR's 16-RHS block call), rmatmat with alpha/beta/y, and its gradient, against float64."""
     a = _small_ba()
     pair = sparse.csr_pair(_bcsr(a, np.float32))
     d = a.toarray().astype(np.float64)
     m, k = a.shape
-    assert pair.plan_t.long_share > 0.7 and pair.plan.long_share == 0.0
-    assert sparse.spmm_split_chunk(pair.plan_t, k, pair.nnz, 16, 4) is None  # default: unchanged
+    assert not sparse.spmm_takes_split(pair.plan_t, k, pair.nnz, 16, 4)  # rows average < 512
     U, V = _rand((16, m), np.float32), _rand((16, k), np.float32, seed=2)
     c = jnp.linspace(-0.5, 0.5, 16)
     block = jax.jit(jax.vmap(lambda p, u, v, b: p.rmatvec_axpby(u, v, b), in_axes=(None, 0, 0, 0)))
     ref = (d.T @ _f64(U).T).T + np.asarray(c)[:, None] * _f64(V)
-    off_hlo = block.lower(pair, U, V, c).as_text()
-    assert "algorithm = 2" not in off_hlo
-    monkeypatch.setattr(sparse, "_SPMM_SPLIT_LONG_CLASS", True)
-    ch = sparse._SPMM_LONG_CHUNK
-    assert sparse.spmm_split_chunk(pair.plan_t, k, pair.nnz, 16, 4) == ch
-    assert sparse.spmm_split_chunk(pair.plan_t, k, pair.nnz, 1, 4) is None  # SpMV keeps the segmented plan
-    assert sparse.spmm_split_chunk(pair.plan, m, pair.nnz, 16, 4) is None  # Ax: 12 per row
-    block = jax.jit(jax.vmap(lambda p, u, v, b: p.rmatvec_axpby(u, v, b), in_axes=(None, 0, 0, 0)))
-    hlo = block.lower(pair, U, V, c).as_text()
-    assert "algorithm = 2" in hlo and f"chunk = {ch}" in hlo
     assert _rel(block(pair, U, V, c), ref) < 1e-5
     Y = _rand((k, 16), np.float32, seed=3)
     al, be = jnp.linspace(-1.0, 1.0, 16), jnp.linspace(2.0, 0.0, 16)
@@ -495,9 +487,6 @@ def test_spmm_long_class_rule(monkeypatch):
     assert _rel(out, (d.T @ _f64(U).T) * np.asarray(al) + _f64(Y) * np.asarray(be)) < 1e-5
     g = jax.grad(lambda W: jnp.sum(pair.rmatmat(W) ** 2))(U.T)
     assert _rel(g, d @ (2 * (d.T @ _f64(U).T))) < 1e-5
-    # the lane rule (few rows of ~1200) keeps DEFAULT_SPLIT_CHUNK with the switch on
-    t = sparse.csr_pair(_bcsr(_random_csr(3000, 24, 0.4, np.float32, seed=4), np.float32))
-    assert sparse.spmm_split_chunk(t.plan_t, 24, t.nnz, 16, 4) == sparse.DEFAULT_SPLIT_CHUNK
 
 
 # ------------------------------------------------------------------------------------- the segmented plan

@@ -751,8 +751,7 @@ cudaError_t LaunchCsrSpmm(cudaStream_t stream, const SpmmArgs<T, Acc>& a, bool v
           });
         };
         cudaError_t e = slots(SlotsFor(static_cast<double>(a.nnz) / a.m, G), a.m, std::false_type{});
-        if (e == cudaSuccess && split)
-          e = slots(SlotsFor(static_cast<double>(a.chunk), G), a.units, std::true_type{});
+        if (e == cudaSuccess && split) e = slots(SlotsFor(static_cast<double>(a.chunk), G), a.units, std::true_type{});
         if (e != cudaSuccess) return e;
       } else {
         SpmmGroupKernel<T, Acc, G, 1><<<blocks_for(a.m * tiles_1 * G), kThreads, 0, stream>>>(a, false);

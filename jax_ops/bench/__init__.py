@@ -29,6 +29,7 @@ SUITES = {
 }
 # Run only when named (not part of "all", so .ci/gpu's default run does not grow).
 EXTRA_SUITES = {
+    "lsmr_products": "jax_ops.bench.lsmr_products",
     "lsmr_variants": "jax_ops.bench.lsmr_variants",
 }
 
