@@ -8,11 +8,7 @@
 //     -I ffi_cuda -isystem $(python3 -c "import jax.ffi as f; print(f.include_dir())") -isystem $CU/include \
 //     ffi_cuda/tools/spmv_bench.cu -o spmv_bench -L $CU/lib -l:libcusparse.so.12
 // or build and run it on the GPU machine itself: ffi_cuda/tools/run_spmv_experiments.sh.
-// Usage: spmv_bench [--small] [--quick] [--slab] [--lsmr-pass] [--tails] [--merge] [--lsmr-block] [--csv FILE]
-//   --merge: the merge-path (nnz-balanced) SpMV candidates (LaunchSpmvMerge: warp tiles and CTA tiles of 4/8/16
-//            items per thread) against cuSPARSE and the dispatched plan on power-law 1M, bundle-adj 1M, uniform 2M
-//            (Ax, ATu), LSQ 306136x6177 Ax and LSMR's ba-like (Ax, ATu); each result checked against float64 with
-//            the output poisoned and bitwise-compared with a second run; a summary table last (x cuSPARSE).
+// Usage: spmv_bench [--small] [--quick] [--slab] [--lsmr-pass] [--tails] [--lsmr-block] [--csv FILE]
 //   --tails: issue 3's slow cases (power-law Ax/ATu, bundle-adj 1M and LSMR's ba-like Ax/ATu, uniform ATu):
 //            cuSPARSE, the dispatched plan, vector G/2 and 2G, split at chunk 128/256/512, the segmented plan
 //            (rows per chunk 1024/4096/16384, G x0.5/x2, one launch per segment), a summary table last. (The
@@ -48,7 +44,6 @@
 #include "sparse/spmm_kernels_impl.cuh"
 #include "tools/bench_check.h"
 #include "tools/lsmr_pass.cuh"
-#include "tools/merge_spmv.cuh"
 #include "tools/slab_host.h"
 
 using namespace jax_ops::sparse;
@@ -1284,12 +1279,12 @@ static int TailSmallChecks(const char* dname, double tol, int sms) {
   mats.push_back(FromLens("all rows empty", 100, 50, std::vector<int64_t>(100, 0), rng, true));
   mats.push_back(FromLens("nnz = 0, one row", 1, 10, std::vector<int64_t>(1, 0), rng, true));
   {
-    // merge tiles are multiples of 32 path items; rows of 31 entries end exactly at every tile boundary
-    mats.push_back(FromLens("rows ending at tile ends", 700, 900, std::vector<int64_t>(700, 31), rng, true));
+    // equal rows of 31 entries: not a multiple of any G these plans use (2-8), every row ends in a partial step
+    mats.push_back(FromLens("rows of 31 entries", 700, 900, std::vector<int64_t>(700, 31), rng, true));
     std::vector<int64_t> lens(64, 0);
-    lens[5] = 40000;  // spans many tiles of every merge configuration
+    lens[5] = 40000;  // one row of many split units (625 at chunk 64) among near-empty rows
     lens[6] = 1, lens[63] = 3;
-    mats.push_back(FromLens("one row over many tiles", 64, 5000, lens, rng, false));
+    mats.push_back(FromLens("one 40000-entry row", 64, 5000, lens, rng, false));
   }
   mats.push_back(SmallPowerLaw(3000, 2500, 3000, 9));  // with columns outside [0, K)
   int fails = 0;
@@ -1324,24 +1319,15 @@ static int TailSmallChecks(const char* dname, double tol, int sms) {
       int64_t chunk;  // split: nnz per unit; segmented: rows per classification chunk
       double gmul;
     };
-    // code -1: merge-path SpMV, group = items per thread, chunk = warps per tile
     const Alg algs[] = {{"split c64 G8", kSplit, 8, 64, 1},
                         {"segmented r64", kSegmented, 1, 64, 1},
                         {"segmented r256 Gx2", kSegmented, 1, 256, 2},
-                        {"segmented r1 Gx0.5", kSegmented, 1, 1, 0.5},
-                        {"merge warp ipt4", -1, 4, 1, 0},
-                        {"merge warp ipt8", -1, 8, 1, 0},
-                        {"merge warp ipt16", -1, 16, 1, 0},
-                        {"merge cta ipt4", -1, 4, 8, 0},
-                        {"merge cta ipt8", -1, 8, 8, 0},
-                        {"merge cta ipt16", -1, 16, 8, 0}};
+                        {"segmented r1 Gx0.5", kSegmented, 1, 1, 0.5}};
     for (int with_y = 0; with_y < 2; ++with_y) {
       for (const Alg& alg : algs) {
         std::vector<int32_t> rows, ptr{0};
         int64_t units = 0, num_long = 0, seg_ctas = 0;
-        if (alg.code == -1) {
-          units = MergeWorkspaceElems(m, nnz, 32 * alg.chunk * alg.group, sizeof(Acc));  // workspace elements
-        } else if (alg.code == kSegmented) {
+        if (alg.code == kSegmented) {
           seg_ctas = Segments(mat, alg.chunk, alg.gmul, &rows, &ptr);
           num_long = static_cast<int64_t>(ptr.size()) - 1;
         } else {
@@ -1359,23 +1345,13 @@ static int TailSmallChecks(const char* dname, double tol, int sms) {
         a.out = out, a.ws = ws, a.long_rows = lr, a.long_ptr = lp, a.m = m, a.k = k, a.n = 1, a.nnz = nnz;
         a.num_long = num_long, a.units = units, a.algorithm = alg.code, a.group = alg.group;
         a.chunk = alg.code == kSegmented ? seg_ctas : alg.chunk;
-        std::vector<T> ho(m), first(m);
-        bool same = true;
-        for (int run = 0; run < (alg.code == -1 ? 2 : 1); ++run) {  // merge: a second run must be bitwise equal
-          CHECK(cudaMemset(out, 0xFF, m * sizeof(T)));
-          if (alg.code == -1)
-            CHECK((LaunchSpmvMerge<T, Acc>(nullptr, a, alg.group, static_cast<int>(alg.chunk))));
-          else
-            CHECK((LaunchCsrSpmm<T, Acc>(nullptr, a, false, sms)));
-          CHECK(cudaDeviceSynchronize());
-          CHECK(cudaMemcpy(ho.data(), out, m * sizeof(T), cudaMemcpyDeviceToHost));
-          if (run == 0)
-            first = ho;
-          else
-            same = std::memcmp(first.data(), ho.data(), m * sizeof(T)) == 0;
-        }
+        std::vector<T> ho(m);
+        CHECK(cudaMemset(out, 0xFF, m * sizeof(T)));
+        CHECK((LaunchCsrSpmm<T, Acc>(nullptr, a, false, sms)));
+        CHECK(cudaDeviceSynchronize());
+        CHECK(cudaMemcpy(ho.data(), out, m * sizeof(T), cudaMemcpyDeviceToHost));
         double num = 0, den = 0;
-        bool finite = same;
+        bool finite = true;
         for (int64_t r = 0; r < m; ++r) {
           double sum = 0;
           for (int32_t q = mat.indptr[r]; q < mat.indptr[r + 1]; ++q)
@@ -1389,15 +1365,15 @@ static int TailSmallChecks(const char* dname, double tol, int sms) {
         const bool ok = finite && err <= tol;
         if (!ok) {
           ++fails;
-          std::printf("  TAIL FAIL %s %s [%s] y=%d: err %.2e finite(+bitwise rerun) %d\n", dname, alg.name,
-                      mat.name.c_str(), with_y, err, int(finite));
+          std::printf("  TAIL FAIL %s %s [%s] y=%d: err %.2e finite %d\n", dname, alg.name, mat.name.c_str(), with_y,
+                      err, int(finite));
         }
         cudaFree(lr), cudaFree(lp), cudaFree(ws);
       }
     }
     cudaFree(ip), cudaFree(ix), cudaFree(v), cudaFree(b), cudaFree(y), cudaFree(out), cudaFree(al), cudaFree(be);
   }
-  std::printf("tail checks %s (split, segmented, merge): %d failures\n", dname, fails);
+  std::printf("tail checks %s (split, segmented): %d failures\n", dname, fails);
   return fails;
 }
 
@@ -1410,7 +1386,7 @@ struct TailRow {
 };
 static std::vector<TailRow> g_tails;
 
-// The common start of a --tails / --merge case: the case set up, its header line, then the cuSPARSE row and the
+// The common start of a --tails case: the case set up, its header line, then the cuSPARSE row and the
 // dispatched plan's row (both printed).
 struct Baseline {
   Profile p;
@@ -1536,91 +1512,6 @@ static int RunTails(int sms) {
   return 0;
 }
 
-// --merge: the merge-path SpMV candidates (LaunchSpmvMerge) against cuSPARSE and the dispatched plan.
-struct MergeRow {
-  std::string name, op, plan;
-  double cusp = 0, cur = 0;
-  std::vector<std::pair<std::string, double>> cand;  // us, -1 = failed check
-};
-static std::vector<MergeRow> g_merge;
-static const int kMergeCfg[][2] = {{4, 1}, {8, 1}, {16, 1}, {4, 8}, {8, 8}, {16, 8}};  // (items/thread, warps/tile)
-
-static void MergeCase(const Csr& mat, const char* op, cusparseHandle_t handle, int sms) {
-  Case c;
-  const Baseline base = StartCase(c, mat, op, handle, sms);
-  const Result &cu = base.cu, &cur = base.cur;
-  MergeRow row;
-  row.name = mat.name, row.op = op;
-  row.cusp = cu.us;
-  row.plan = cur.plan, row.cur = cur.ok ? cur.us : -1;
-  for (const auto& cfg : kMergeCfg) {
-    const int ipt = cfg[0], tw = cfg[1];
-    const int64_t tile = int64_t{32} * tw * ipt;
-    const int64_t elems = MergeWorkspaceElems(mat.m, mat.nnz(), tile, 4);
-    float* ws = nullptr;
-    CHECK(cudaMalloc(&ws, std::max<int64_t>(1, elems) * 4));
-    CHECK(cudaMemset(ws, 0x7F, std::max<int64_t>(1, elems) * 4));
-    SpmmArgs<float, float> a = BaseArgs(c);
-    a.ws = ws, a.units = elems;
-    auto launch = [&] { CHECK((LaunchSpmvMerge<float, float>(nullptr, a, ipt, tw))); };
-    const std::string nm = std::string(tw == 1 ? "merge warp" : "merge cta") + " ipt=" + std::to_string(ipt) +
-                           " tile=" + std::to_string(tile);
-    Result r = Measure(c, nm, launch);
-    // determinism: a rerun (output poisoned again) must be bitwise equal to the timed runs' last output
-    std::vector<float> o1(mat.m), o2(mat.m);
-    CHECK(cudaMemcpy(o1.data(), c.y, mat.m * 4, cudaMemcpyDeviceToHost));
-    CHECK(cudaMemset(c.y, 0xFF, mat.m * 4));
-    launch();
-    CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(o2.data(), c.y, mat.m * 4, cudaMemcpyDeviceToHost));
-    if (std::memcmp(o1.data(), o2.data(), mat.m * 4) != 0) r.ok = false, r.plan += " (NOT BITWISE REPRODUCIBLE)";
-    Print(c, op, r, cu.us);
-    row.cand.push_back({nm, r.ok ? r.us : -1});
-    cudaFree(ws);
-  }
-  g_merge.push_back(row);
-  FreeCase(c);
-}
-
-static int RunMerge(int sms) {
-  cusparseHandle_t handle;
-  CHECK_SP(cusparseCreate(&handle));
-  ForBelowTargetMatrices([&](const Csr& a, const char* op) { MergeCase(a, op, handle, sms); });
-  {
-    const Csr a = Uniform(2000000, 2000000, 16);
-    MergeCase(a, "Ax", handle, sms);
-    MergeCase(Transpose(a), "ATu", handle, sms);
-  }
-  MergeCase(Lsq(306136, 6177, 18), "Ax", handle, sms);
-  cusparseDestroy(handle);
-  int failed = 0;
-  std::printf("\n--merge summary (x = cuSPARSE default us / ours; -1 = failed check)\n%-24s %-4s %8s %8s %6s", "matrix",
-              "op", "cuSP us", "plan us", "xplan");
-  for (const auto& cfg : kMergeCfg)
-    std::printf(" %4s%-2d/%-5d", cfg[1] == 1 ? "w" : "cta", cfg[0], 32 * cfg[1] * cfg[0]);
-  std::printf(" %8s %6s  plan\n", "best us", "xbest");
-  double lp = 0, lb = 0;
-  int n = 0;
-  for (auto& t : g_merge) {
-    std::printf("%-24s %-4s %8.1f %8.1f %6.2f", t.name.c_str(), t.op.c_str(), t.cusp, t.cur,
-                t.cur > 0 ? t.cusp / t.cur : -1.0);
-    double best = 0;
-    for (auto& [nm, us] : t.cand) {
-      std::printf(" %12.2f", us > 0 ? t.cusp / us : -1.0);
-      if (us > 0 && (best == 0 || us < best)) best = us;
-      failed += us <= 0;
-    }
-    failed += t.cur <= 0;
-    std::printf(" %8.1f %6.2f  %s\n", best, best > 0 ? t.cusp / best : -1.0, t.plan.c_str());
-    if (t.cur > 0 && best > 0) lp += std::log(t.cusp / t.cur), lb += std::log(t.cusp / std::min(best, t.cur)), ++n;
-  }
-  if (n)
-    std::printf(
-        "geomean x cuSPARSE over %d cases: dispatched plan %.3f, min(plan, best merge) %.3f; failed checks %d\n", n,
-        std::exp(lp / n), std::exp(lb / n), failed);
-  return failed ? 1 : 0;
-}
-
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)  // --lsmr-block [--csv FILE]: its own run (tools/lsmr_block.cuh)
     if (!std::strcmp(argv[i], "--lsmr-block")) {
@@ -1631,10 +1522,9 @@ int main(int argc, char** argv) {
       CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
       return lsmr_block::Run(sms, csv);
     }
-  bool small_only = false, quick = false, slab_only = false, lsmr_pass = false, tails = false, merge = false;
+  bool small_only = false, quick = false, slab_only = false, lsmr_pass = false, tails = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tails")) tails = true;
-    if (!std::strcmp(argv[i], "--merge")) merge = true;
     if (!std::strcmp(argv[i], "--lsmr-pass")) lsmr_pass = true;
     if (!std::strcmp(argv[i], "--lsmr-ba")) g_sweep_split = true;
     if (!std::strcmp(argv[i], "--small")) small_only = true;
@@ -1648,20 +1538,19 @@ int main(int argc, char** argv) {
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
   int fails = 0;
-  if (!slab_only && !tails && !merge) {
+  if (!slab_only && !tails) {
     fails += SmallChecks<float, float>("f32", 1e-5, sms);
     fails += SmallChecks<double, double>("f64", 1e-12, sms);
     fails += SmallChecks<__half, float>("f16", 2e-3, sms);
     fails += SmallChecks<__nv_bfloat16, float>("bf16", 1e-2, sms);
   }
-  if (!tails && !merge) {
+  if (!tails) {
     fails += TailSmallChecks<float, float>("f32", 1e-5, sms);
     fails += TailSmallChecks<double, double>("f64", 1e-12, sms);
     fails += TailSmallChecks<__half, float>("f16", 2e-3, sms);
     fails += TailSmallChecks<__nv_bfloat16, float>("bf16", 1e-2, sms);
   }
   if (tails) return RunTails(sms) + (fails ? 1 : 0);
-  if (merge) return RunMerge(sms);
   if (!tails) fails += SlabSmallChecks(sms);
   if (small_only) return fails ? 1 : 0;
   if (lsmr_pass) {
