@@ -199,6 +199,35 @@ def test_small_spmm_of_few_long_rows():
     assert _rel(jax.jit(jax.vmap(pair.rmatvec))(U.T), (a.T @ U64).T) < 1e-5
 
 
+@pytest.mark.parametrize("avg", [20, 80, 150, 400])
+def test_small_spmm_slots(avg):
+    """The 16-byte SpMM (slots) kernel at every slot count (rows averaging 20 / 80 / 150 / 400 nnz: S = 1, 2, 4,
+    8 at G = 4), column tiles with an idle lane (N = 12 f32, 24 f16), two column tiles (N = 256 f32), every dtype,
+    with alpha/beta/y, against float64 and the CPU twin; bitwise repeatable."""
+    a = sp.random(
+        97, 1000, density=avg / 1000, format="csr", random_state=np.random.default_rng(avg), dtype=np.float64
+    )
+    assert sparse._spmm_slots(a.nnz / a.shape[0], 4) == {20: 1, 80: 2, 150: 4, 400: 8}[avg]
+    for dtype, n in (
+        (np.float32, 16),
+        (np.float32, 12),
+        (np.float32, 256),
+        (np.float16, 24),
+        (jnp.bfloat16, 16),
+    ):
+        _check_both(a, dtype, None, n)
+    with jax.enable_x64(True):
+        _check_both(a, np.float64, None, 16)
+    pair = sparse.csr_pair(_bcsr(a, np.float32, _gpu()))
+    B, B64 = _dense_in((1000, 16), np.float32, _gpu())
+    Y, Y64 = _dense_in((97, 16), np.float32, _gpu(), seed=2)
+    al, be = jnp.linspace(-1.0, 1.0, 16), jnp.linspace(2.0, 0.0, 16)
+    f = jax.jit(lambda p, B, Y: p.matmat(B, alpha=al, beta=be, y=Y))
+    out = f(pair, B, Y)
+    assert _rel(out, (a @ B64) * np.asarray(al) + Y64 * np.asarray(be)) < 1e-5
+    assert np.array_equal(np.asarray(f(pair, B, Y)), np.asarray(out))
+
+
 def test_small_deterministic():
     a = _power_law(5000, 5000, seed=9, max_len=4000)
     pair = sparse.csr_pair(_bcsr(a, np.float32, _gpu()), split_chunk=256)
