@@ -515,10 +515,11 @@ constexpr int SlotsMinBlocks() {
 
 // SpmmSlotsKernel<G, VEC, S> (N > 1, 16-byte rows: VEC = 16 / sizeof(T)): a team of G * S lanes owns (work item,
 // column tile of G * VEC columns), G column lanes by S slots. Slot j walks the item's entries j, j + S, ... four
-// at a time, so every lane has four B-row gathers in flight (the group kernel above has one, behind a shuffle);
-// the slots' partial sums meet in a fixed xor tree (deterministic). S grows with the nnz per item (SlotsFor), so
-// long rows (CSR(Aᵀ) of a tall least-squares matrix) get up to 32 lanes. H200, N = 16 f32 (spmv_bench
-// --lsmr-block): 1.12-1.41x the group kernel on LSMR's A, 1.47-2.24x on its Aᵀ (vs group / split).
+// at a time, so every lane has four B-row gathers in flight; the slots' partial sums meet in a fixed xor tree
+// (deterministic). S grows with the nnz per item (SlotsFor), so long rows (CSR(Aᵀ) of a tall least-squares
+// matrix) get up to 32 lanes. H200, N = 16 f32, LSMR's matrices (jax_ops.bench lsmr_products, docs/sparse.md):
+// A V 1.04x (11kv-like) / 1.25x (ba-like) the group kernel, 11kv-like Aᵀ U 1.70x the split plan; ba-like Aᵀ U
+// (random gathers from a U larger than L2) 0.89x.
 template <typename T, typename Acc, int G, int VEC, int S, bool kUnitMode>
 __global__ void __launch_bounds__(kThreads, (SlotsMinBlocks<T, G>())) SpmmSlotsKernel(SpmmArgs<T, Acc> a) {
   constexpr bool unit_mode = kUnitMode;
