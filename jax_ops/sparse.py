@@ -201,17 +201,20 @@ def segments_host(indptr: np.ndarray, rows: int = DEFAULT_SEGMENT_ROWS) -> list[
     return [tuple(x) for x in segs]
 
 
-def segmented_applies(indptr: np.ndarray, rows: int = DEFAULT_SEGMENT_ROWS) -> bool:
+def segmented_applies(
+    indptr: np.ndarray, rows: int = DEFAULT_SEGMENT_ROWS, segs: list[tuple[int, int, int]] | None = None
+) -> bool:
     """The segmented plan's auto rule (for a matrix the whole-matrix rule sends to ``vector``): in the segment
     table (segments_host) the warp-per-row class (G = 32, chunk average >= 256) holds >= _SEGMENT_MIN_SHARE of the
     nnz and the other classes together hold >= _SEGMENT_MIN_SHARE too. Measured on the H200 (spmv_bench --tails,
     2026-12-01), the only win: CSR(Aᵀ) of LSMR's ba-like Jacobian (~18k camera rows of ~500, then ~600k point rows
     of ~5; avg 19.4): vector G = 4 60.2 µs (0.73x cuSPARSE), segmented 46.8 (0.93x). No gain where the long class
     is G = 8 (bundle-adjustment 1M Aᵀu, camera rows ~100: 104-111 vs 99.4), and slower on one-class matrices
-    (bundle Ax 0.81x vs 1.06x, uniform Aᵀu 0.85x vs 0.90x), which the rule never picks."""
+    (bundle Ax 0.81x vs 1.06x, uniform Aᵀu 0.85x vs 0.90x), which the rule never picks. ``segs``: the table
+    segments_host(indptr, rows) already computed."""
     ip = np.asarray(indptr, np.int64)
     per_g: dict[int, int] = {}
-    for b, e, g in segments_host(ip, rows):
+    for b, e, g in segs if segs is not None else segments_host(ip, rows):
         per_g[g] = per_g.get(g, 0) + int(ip[e] - ip[b])
     total = sum(per_g.values())
     warp = per_g.get(32, 0)
@@ -597,8 +600,10 @@ def _make_plan(
     if algorithm is not None and algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS} or None, got {algorithm!r}")
     alg = algorithm or choose_algorithm(profile, m, nnz, k, itemsize)
+    segs = None  # the segment table, built once on the auto path
     if algorithm is None and alg == "vector" and profile is not None and _is_concrete(indptr):
-        if segmented_applies(np.asarray(indptr)):
+        segs = segments_host(np.asarray(indptr), DEFAULT_SEGMENT_ROWS)
+        if segmented_applies(indptr, segs=segs):
             alg = "segmented"
     seg_rows = DEFAULT_SEGMENT_ROWS if algorithm is None else (split_chunk or DEFAULT_SEGMENT_ROWS)
     group = _group_for(alg, profile, m, nnz, k, itemsize)
@@ -609,7 +614,7 @@ def _make_plan(
         # the table needs the concrete indptr: traced input takes the vector plan
         if not _is_concrete(indptr):
             return Plan("vector", group, 0, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
-        table, ptr, ctas = _segment_table(segments_host(np.asarray(indptr), seg_rows))
+        table, ptr, ctas = _segment_table(segs or segments_host(np.asarray(indptr), seg_rows))
         return Plan(alg, group, ctas, 0), jnp.asarray(table), jnp.asarray(ptr)
     if alg != "split":
         return Plan(alg, group, 0, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])

@@ -14,7 +14,7 @@
 //                       G (col, value) pairs at once, one per lane, and broadcasts them with shuffles, so
 //                       index/value reads are coalesced and amortised over the tile.
 //   split               rows longer than `chunk` are skipped by the kernels above (pass 1), cut into units of
-//                       `chunk` nnz (pass 2: SpmvUnitKernel for N == 1, SpmmGroupKernel in unit mode for N > 1,
+//                       `chunk` nnz (pass 2: SpmvUnitKernel for N == 1, the N > 1 kernel in unit mode,
 //                       partials into the workspace) and summed by SpmvFixupKernel (N == 1: lane l sums units
 //                       l, l+32, ... then a fixed xor tree) or SplitFixupKernel (N > 1: unit order). No atomics.
 // x/B, values and indices are read through the read-only path (__ldg). Positions and output offsets are 64-bit.
@@ -681,12 +681,15 @@ cudaError_t WithGroup(int g, F&& f) {
   }
 }
 
-// f(integral_constant<S>) for slots s in {1, 2, 4, 8}, capped at 32 / G (SlotsFor already caps).
+// f(integral_constant<S>) for slots s in {1, 2, 4, 8}; only teams of G * S <= 32 lanes are instantiated.
 template <int G, typename F>
 cudaError_t WithSlots(int s, F&& f) {
-  if (s >= 8 && G * 8 <= 32) return f(std::integral_constant<int, (G * 8 <= 32 ? 8 : 1)>{});
-  if (s >= 4 && G * 4 <= 32) return f(std::integral_constant<int, (G * 4 <= 32 ? 4 : 1)>{});
-  if (s >= 2 && G * 2 <= 32) return f(std::integral_constant<int, (G * 2 <= 32 ? 2 : 1)>{});
+  if constexpr (G * 8 <= 32)
+    if (s >= 8) return f(std::integral_constant<int, 8>{});
+  if constexpr (G * 4 <= 32)
+    if (s >= 4) return f(std::integral_constant<int, 4>{});
+  if constexpr (G * 2 <= 32)
+    if (s >= 2) return f(std::integral_constant<int, 2>{});
   return f(std::integral_constant<int, 1>{});
 }
 
