@@ -382,6 +382,39 @@ def test_small_segmented_poisoned(dtype):
         assert _rel(outs["gpu"], outs["cpu"]) < 2 * TOL[dtype]
 
 
+@pytest.mark.parametrize(
+    "dtype, n",
+    [
+        (np.float32, 16),
+        (np.float32, 12),
+        (np.float32, 256),
+        (np.float16, 8),
+        (jnp.bfloat16, 32),
+        (np.float64, 16),
+    ],
+)
+def test_small_segmented_spmm(dtype, n):
+    """N > 1 on the segmented plan (the per-segment slots kernel on the 16-byte path): the ragged classes at
+    1024-row chunks give segments whose averages pick S = 8, 4, 2 and 1 (f32 N = 16: G = 4), with an idle column
+    lane (N = 12), two column tiles (N = 256), every dtype; vs float64 and the CPU twin, then alpha/beta/y into
+    the donated (aliased, poisoned-by-y) output, bitwise repeatable."""
+    with jax.enable_x64(dtype == np.float64):
+        a = _row_classes()
+        _check_both(a, dtype, "segmented", n, split_chunk=1024)
+        ref_a = _rounded(a, dtype)
+        m, k = a.shape
+        pair = sparse.csr_pair(_bcsr(a, dtype, _gpu()), algorithm="segmented", split_chunk=1024)
+        assert pair.plan.algorithm == "segmented"
+        B, B64 = _dense_in((k, n), dtype, _gpu())
+        Y, Y64 = _dense_in((m, n), dtype, _gpu(), seed=3)
+        al, be = jnp.linspace(-1.0, 1.0, n), jnp.linspace(2.0, 0.0, n)
+        f = jax.jit(lambda p, B, Y: p.matmat(B, alpha=al, beta=be, y=Y), donate_argnums=(2,))
+        out = f(pair, B, Y)
+        assert _rel(out, (ref_a @ B64) * np.asarray(al) + Y64 * np.asarray(be)) < TOL[dtype]
+        Y2, _ = _dense_in((m, n), dtype, _gpu(), seed=3)
+        assert np.array_equal(np.asarray(f(pair, B, Y2)), np.asarray(out))
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_small_segmented_auto(dtype):
     """The auto rule's case (one 4096-row chunk of rows of 300, then short rows): dispatched segmented; matvec and

@@ -10,6 +10,8 @@
 //   SpmmSlotsKernel<G,VEC,S>  N > 1 with 16-byte rows (N a multiple of 16/sizeof(T), aligned): G * S lanes own
 //                       (row, column tile of G*VEC columns), G column lanes with VEC register accumulators each
 //                       by S slots that split the row's entries (4 gathers in flight per lane); S by row length.
+//   SpmmSegmentedSlotsKernel<G,VEC>  N > 1, 16-byte rows, segmented plan: CTA b runs its segment (the N == 1
+//                       table) with the slots of the segment's average row.
 //   SpmmGroupKernel<G,1>  other N > 1: a group of G lanes owns (row, column tile of G columns). The group loads
 //                       G (col, value) pairs at once, one per lane, and broadcasts them with shuffles, so
 //                       index/value reads are coalesced and amortised over the tile.
@@ -520,22 +522,25 @@ constexpr int SlotsMinBlocks() {
 // matrix) get up to 32 lanes. H200, N = 16 f32, LSMR's matrices (jax_ops.bench lsmr_products, docs/sparse.md):
 // A V 1.04x (11kv-like) / 1.25x (ba-like) the group kernel, 11kv-like Aᵀ U 1.70x the split plan; ba-like Aᵀ U
 // (random gathers from a U larger than L2) 0.89x.
+// Items [i0, i1) (rows, or split units in unit mode) by the teams of CTAs [0, ctas) of a grid-stride, `cta` this
+// one's index in that range.
 template <typename T, typename Acc, int G, int VEC, int S, bool kUnitMode>
-__global__ void __launch_bounds__(kThreads, (SlotsMinBlocks<T, G>())) SpmmSlotsKernel(SpmmArgs<T, Acc> a) {
+__device__ __forceinline__ void SpmmSlotsBody(const SpmmArgs<T, Acc>& a, int64_t i0, int64_t i1, int64_t cta,
+                                              int64_t ctas) {
   constexpr bool unit_mode = kUnitMode;
   constexpr int kTeam = G * S;
   static_assert(kTeam <= 32, "a team must fit in a warp");
   const unsigned mask = GroupMask<kTeam>();
   const int lane = threadIdx.x & (kTeam - 1), slot = lane / G, cl = lane % G;
-  const int64_t team = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kTeam;
-  const int64_t teams = static_cast<int64_t>(gridDim.x) * blockDim.x / kTeam;
   constexpr int64_t kTileW = int64_t{G} * VEC;
   // G = nextpow2(N / VEC) < 32 means one column tile: no per-item 64-bit division (and fewer registers).
   constexpr bool kOneTile = G < 32;
   const int64_t tiles = kOneTile ? 1 : (a.n + kTileW - 1) / kTileW;
-  const int64_t items = (unit_mode ? UnitsTotal(a) : a.m) * tiles;
+  // (item, column tile) pairs of [i0, i1) numbered from i0 * tiles, so only the loop bounds depend on i0
+  const int64_t end = i1 * tiles;
+  const int64_t teams = ctas * (kThreads / kTeam);
   const uint32_t k = static_cast<uint32_t>(a.k);
-  for (int64_t item = team; item < items; item += teams) {
+  for (int64_t item = i0 * tiles + cta * (kThreads / kTeam) + threadIdx.x / kTeam; item < end; item += teams) {
     const int64_t idx = kOneTile ? item : item / tiles;
     const int64_t col0 = (item - idx * tiles) * kTileW + int64_t{cl} * VEC;
     int64_t r, s, e;
@@ -570,11 +575,40 @@ __global__ void __launch_bounds__(kThreads, (SlotsMinBlocks<T, G>())) SpmmSlotsK
   }
 }
 
+template <typename T, typename Acc, int G, int VEC, int S, bool kUnitMode>
+__global__ void __launch_bounds__(kThreads, (SlotsMinBlocks<T, G>())) SpmmSlotsKernel(SpmmArgs<T, Acc> a) {
+  SpmmSlotsBody<T, Acc, G, VEC, S, kUnitMode>(a, 0, kUnitMode ? UnitsTotal(a) : a.m, blockIdx.x, gridDim.x);
+}
+
 // Slots per team for items averaging `avg` nnz (H200 --lsmr-block, N = 16 f32: rows of 18-21 best at S = 1, of
 // 840-892 at S = 2-8 within 7 %), capped so the team fits in a warp. jax_ops.sparse._spmm_slots must match.
-inline int SlotsFor(double avg, int g) {
+__host__ __device__ inline int SlotsFor(double avg, int g) {
   const int s = avg >= 256 ? 8 : avg >= 128 ? 4 : avg >= 64 ? 2 : 1;
-  return std::min(s, 32 / g);
+  return s < 32 / g ? s : 32 / g;
+}
+
+// Segmented SpMM (N > 1, 16-byte rows) over the N == 1 segment table (spmm_params.h): CTA b runs its segment's
+// rows with the slots of that segment's average row (SlotsFor), so a long-row class (CSR(Aᵀ) of bundle
+// adjustment: camera rows of ~500) gets up to 8 slots per team while the short rows next to it keep one.
+template <typename T, typename Acc, int G, int VEC>
+__global__ void __launch_bounds__(kThreads, (SlotsMinBlocks<T, G>())) SpmmSegmentedSlotsKernel(SpmmArgs<T, Acc> a) {
+  const int64_t b = blockIdx.x;
+  const int64_t lo = LastAtMost(a.long_ptr, a.num_long, b);
+  const int64_t c0 = __ldg(a.long_ptr + lo);
+  const int64_t c1 = min(static_cast<int64_t>(__ldg(a.long_ptr + lo + 1)), static_cast<int64_t>(gridDim.x));
+  if (b < c0 || b >= c1) return;
+  const int64_t r0 = min(max(static_cast<int64_t>(__ldg(a.long_rows + 3 * lo)), int64_t{0}), a.m);
+  const int64_t r1 = min(max(static_cast<int64_t>(__ldg(a.long_rows + 3 * lo + 1)), r0), a.m);
+  const int64_t p0 = min(max(static_cast<int64_t>(__ldg(a.indptr + r0)), int64_t{0}), a.nnz);
+  const int64_t p1 = min(max(static_cast<int64_t>(__ldg(a.indptr + r1)), p0), a.nnz);
+  const int s = SlotsFor(r1 > r0 ? static_cast<double>(p1 - p0) / static_cast<double>(r1 - r0) : 0.0, G);
+  if constexpr (G * 8 <= 32)
+    if (s >= 8) return SpmmSlotsBody<T, Acc, G, VEC, 8, false>(a, r0, r1, b - c0, c1 - c0);
+  if constexpr (G * 4 <= 32)
+    if (s >= 4) return SpmmSlotsBody<T, Acc, G, VEC, 4, false>(a, r0, r1, b - c0, c1 - c0);
+  if constexpr (G * 2 <= 32)
+    if (s >= 2) return SpmmSlotsBody<T, Acc, G, VEC, 2, false>(a, r0, r1, b - c0, c1 - c0);
+  SpmmSlotsBody<T, Acc, G, VEC, 1, false>(a, r0, r1, b - c0, c1 - c0);
 }
 
 // Pass 3 of split: one warp per long row, lanes over columns, partials summed in unit order.
@@ -754,6 +788,11 @@ cudaError_t LaunchCsrSpmm(cudaStream_t stream, const SpmmArgs<T, Acc>& a, bool v
             return cudaGetLastError();
           });
         };
+        if (a.algorithm == kSegmented) {
+          if (a.chunk < 1 || a.chunk > 0x7fffffff || a.num_long < 1) return cudaErrorInvalidConfiguration;
+          SpmmSegmentedSlotsKernel<T, Acc, G, kVec16><<<static_cast<unsigned>(a.chunk), kThreads, 0, stream>>>(a);
+          return cudaGetLastError();
+        }
         cudaError_t e = slots(SlotsFor(static_cast<double>(a.nnz) / a.m, G), a.m, std::false_type{});
         if (e == cudaSuccess && split) e = slots(SlotsFor(static_cast<double>(a.chunk), G), a.units, std::true_type{});
         if (e != cudaSuccess) return e;

@@ -23,13 +23,14 @@
 // the epilogue. group: lanes per row of the N == 1 row-block kernel, a power of two in [1, 32]. Python builds
 // long_rows/long_ptr from the same indptr. Units past long_ptr[L] are skipped.
 //
-// Segmented (row classes, N == 1): the rows come in contiguous segments of similar length, each with its own G.
+// Segmented (row classes): the rows come in contiguous segments of similar length, each with its own G.
 // long_rows holds the table int32[3 S] (row begin, row end, G per segment, G a power of two in [1, 32]) and
 // long_ptr int32[S + 1] the non-decreasing prefix of CTAs per segment; chunk = CTAs launched (long_ptr[S]).
 // CTA b runs the segment s with long_ptr[s] <= b < long_ptr[s + 1] and grid-strides over that segment's
 // row blocks (SegmentRowsPerCta(G) rows per CTA per step), so a segment with at least one launched CTA is fully
 // written. Rows outside every such segment are not written (Python's table covers [0, M) in order); the CPU
-// twin writes exactly the same rows. N > 1 with segmented runs the vector path over all rows.
+// twin writes exactly the same rows. N > 1 on the 16-byte path uses the same table and CTAs (the slots kernel per
+// segment, S from the segment's average row); other N > 1 run the group kernel over all rows.
 #pragma once
 
 #include <cstdint>
