@@ -56,8 +56,16 @@ __all__ = [
     "ALGORITHMS",
 ]
 
-ALGORITHMS = ("vector", "warp", "cta", "split", "stream", "segmented")
-_ALG_CODE = {"vector": 0, "warp": 0, "cta": 1, "split": 2, "stream": 3, "segmented": 4}
+ALGORITHMS = ("vector", "warp", "cta", "split", "stream", "segmented", "cusparse")
+_ALG_CODE = {"vector": 0, "warp": 0, "cta": 1, "split": 2, "stream": 3, "segmented": 4, "cusparse": 5}
+# The cusparse plan (split's lists for N > 1; N = 1 f32/f64 products on cuSPARSE's deterministic CSR_ALG2): the
+# auto rule takes it where it would take split. H200, spmv_bench --tails (2026-12-01), power-law 1M Ax: split
+# 204.9 µs, cuSPARSE CSR_ALG2 171.6 µs with descriptors and buffer query per call (as the FFI handler does),
+# 166.0 with a preprocess kept across calls (not possible without handler state); the default algorithm 166.5 is
+# not bitwise repeatable there (19 of 19 runs differed). Where split is not chosen CSR_ALG2 was slower than the
+# row-block kernels (bundle Ax 99 vs 72 µs, ba-like Aᵀu 62.5 vs 46.5) or equal (uniform, power-law Aᵀu).
+_CUSPARSE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_CUSPARSE_ZERO_BYTES = 256  # kCusparseZeroBytes in spmm_params.h
 # Segmented (row-class) plan: rows are classified in chunks of DEFAULT_SEGMENT_ROWS rows (each chunk's G from its own
 # average, _vector_group), adjacent chunks with the same G merged into segments. 4096 rows per chunk: H200 --tails,
 # LSMR ba-like Aᵀu 46.8 µs (1024 rows, without the 4-CTA/SM bound: 48.9; 16384: 90.9).
@@ -255,7 +263,7 @@ def _group_for(
     if algorithm in ("warp", "cta"):
         return 32
     avg = profile.avg if profile is not None else (nnz / m if m else 0.0)
-    if algorithm == "split":
+    if algorithm in ("split", "cusparse"):  # cusparse: its N > 1 products run the split kernels
         # Short rows only (bounded by the chunk): from the p95, twice the uniform-row G, since a power-law's short
         # rows vary widely (measured: G = 8 for the 1M power-law matrix; G = 4 was 7% slower).
         if profile is not None:
@@ -586,6 +594,27 @@ def _long_rows_traced(indptr: jax.Array, nnz: int, chunk: int) -> tuple[jax.Arra
 _EMPTY_LONG = (np.zeros((0,), np.int32), np.zeros((1,), np.int32))
 
 
+def _cusparse_ws_bytes(nnz: int) -> int:
+    """Workspace of an N = 1 call on the cusparse plan: the zero beta, then room for cuSPARSE's CSR_ALG2 buffer
+    (cusparseSpMV_bufferSize asked for nnz / 51 bytes on the H200's cuSPARSE for every suite matrix; this leaves
+    6x that plus 1 MiB, and the handler raises if cuSPARSE ever wants more)."""
+    return _CUSPARSE_ZERO_BYTES + nnz // 8 + (1 << 20)
+
+
+def cusparse_applicable(indices, k: int, dtype) -> bool:
+    """Whether the cusparse plan may run cuSPARSE for a CSR: float32/float64 values, nnz > 0, K > 0, and (checked
+    on the device, for concrete indices only) every column index in [0, K). cuSPARSE reads every entry of a row's
+    range, so an entry the kernels skip (a column outside [0, K)) must not reach it."""
+    if (
+        np.dtype(dtype) not in _CUSPARSE_DTYPES
+        or k <= 0
+        or indices.shape[0] == 0
+        or not _is_concrete(indices)
+    ):
+        return False
+    return bool(jnp.all((indices >= 0) & (indices < k)))
+
+
 def _make_plan(
     indptr,
     nnz: int,
@@ -595,11 +624,16 @@ def _make_plan(
     split_chunk: int | None,
     k: int = 0,
     itemsize: int = 4,
+    cusparse_ok=lambda: False,
 ):
-    """(Plan, long_rows, long_ptr). ``indptr`` must already be monotone when the plan is split."""
+    """(Plan, long_rows, long_ptr). ``indptr`` must already be monotone when the plan is split or cusparse.
+    ``cusparse_ok()`` (called only when the plan would be split or cusparse): cusparse_applicable for this CSR;
+    when false a cusparse plan runs as split (documented fallback)."""
     if algorithm is not None and algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS} or None, got {algorithm!r}")
     alg = algorithm or choose_algorithm(profile, m, nnz, k, itemsize)
+    if (algorithm is None and alg == "split") or alg == "cusparse":
+        alg = "cusparse" if cusparse_ok() else "split"
     segs = None  # the segment table, built once on the auto path
     if algorithm is None and alg == "vector" and profile is not None and _is_concrete(indptr):
         segs = segments_host(np.asarray(indptr), DEFAULT_SEGMENT_ROWS)
@@ -616,7 +650,7 @@ def _make_plan(
             return Plan("vector", group, 0, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
         table, ptr, ctas = _segment_table(segs or segments_host(np.asarray(indptr), seg_rows))
         return Plan(alg, group, ctas, 0), jnp.asarray(table), jnp.asarray(ptr)
-    if alg != "split":
+    if alg not in ("split", "cusparse"):
         return Plan(alg, group, 0, 0), jnp.asarray(_EMPTY_LONG[0]), jnp.asarray(_EMPTY_LONG[1])
     chunk = int(split_chunk or DEFAULT_SPLIT_CHUNK)
     if chunk < 1:
@@ -685,6 +719,10 @@ def _spmm_slots(avg_nnz: float, g: int) -> int:
 def _ffi_spmm(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr, *, plan: Plan):
     m = indptr.shape[0] - 1
     n = b2.shape[1]
+    if plan.algorithm == "cusparse" and n > 1:
+        plan = dataclasses.replace(
+            plan, algorithm="split"
+        )  # cuSPARSE serves N = 1; SpMM runs split's kernels
     if spmm_takes_split(plan, m, int(indices.shape[0]), n, np.dtype(values.dtype).itemsize):
         indptr = _sanitize_indptr(indptr, int(indices.shape[0]))  # split needs a monotone indptr
         plan, long_rows, long_ptr = _make_plan(
@@ -692,7 +730,11 @@ def _ffi_spmm(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr, 
         )
     acc = _acc_dtype(values.dtype)
     out = jax.ShapeDtypeStruct((m, n), values.dtype)
-    ws = jax.ShapeDtypeStruct((max(plan.units * n, 1),), acc)
+    if plan.algorithm == "cusparse":
+        ws_len = -(-_cusparse_ws_bytes(int(indices.shape[0])) // acc.itemsize)
+    else:
+        ws_len = max(plan.units * n, 1)
+    ws = jax.ShapeDtypeStruct((ws_len,), acc)
     aliases = {6: 0} if y.size else None
     res, _ = _ffi.ffi_call(
         "jax_ops_sparse_csr_spmm",
@@ -1040,10 +1082,14 @@ class CSRPair:
         prof = RowProfile.from_indptr(np.asarray(indptr)) if concrete else None
         prof_t = RowProfile.from_indptr(np.asarray(indptr_t)) if concrete else None
         itemsize = np.dtype(values.dtype).itemsize
-        plan, lr, lp = _make_plan(indptr, nnz, m, prof, algorithm, split_chunk, k, itemsize)
+        plan, lr, lp = _make_plan(
+            indptr, nnz, m, prof, algorithm, split_chunk, k, itemsize,
+            cusparse_ok=lambda: cusparse_applicable(indices, k, values.dtype),
+        )  # fmt: skip
         plan_t, lr_t, lp_t = _make_plan(
-            indptr_t, nnz, k, prof_t, transpose_algorithm, split_chunk, m, itemsize
-        )
+            indptr_t, nnz, k, prof_t, transpose_algorithm, split_chunk, m, itemsize,
+            cusparse_ok=lambda: cusparse_applicable(indices_t, m, values.dtype),
+        )  # fmt: skip
         slab_ok = np.dtype(values.dtype) in (np.dtype(np.float32), np.dtype(np.float64))
         if slabs and not slab_ok:
             raise ValueError(
@@ -1223,8 +1269,8 @@ def _matmul_sparse_dense(A, B, *, algorithm, split_chunk, implementation, name):
     indptr, indices, values, m, k, _ = _as_csr(A)
     nnz = int(indices.shape[0])
     b2, vec = _dense(name, B, k, values.dtype, what=f"A of shape {(m, k)}")
-    if algorithm == "split" or implementation == "xla":
-        indptr = _sanitize_indptr(indptr, nnz)
+    if algorithm in ("split", "cusparse") or implementation == "xla":
+        indptr = _sanitize_indptr(indptr, nnz)  # (cusparse runs as split here: the columns are not checked)
     plan, lr, lp = _make_plan(indptr, nnz, m, None, algorithm, split_chunk)
     n = b2.shape[1]
     acc = _acc_dtype(values.dtype)
@@ -1267,8 +1313,9 @@ def matmul(
     otherwise).
 
     Args:
-      algorithm: force "vector", "warp", "cta", "split" or "stream" (testing); None uses the row profile of a CSRPair
-        or, for BCSR/BCOO, the static average row length (vector or warp).
+      algorithm: force one of ALGORITHMS (testing; "cusparse" on a BCSR/BCOO runs as split, since only a CSRPair
+        build checks the column indices cuSPARSE needs); None uses the row profile of a CSRPair or, for BCSR/BCOO,
+        the static average row length (vector or warp).
       split_chunk: nnz per work unit of the split algorithm.
       implementation: None/"ffi" (the kernel) or "xla" (the jnp reference).
     """

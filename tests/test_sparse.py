@@ -84,8 +84,10 @@ def test_pair_every_algorithm(dtype, algorithm, n):
     pair = sparse.CSRPair.from_matrix(
         _bcsr(a, dtype), algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=4
     )
-    assert pair.plan.algorithm == algorithm and pair.plan_t.algorithm == algorithm
-    if algorithm == "split":
+    # the cusparse plan needs f32/f64 values (else it runs as split, documented)
+    expect = "split" if algorithm == "cusparse" and np.dtype(dtype).itemsize < 4 else algorithm
+    assert pair.plan.algorithm == expect and pair.plan_t.algorithm == expect
+    if algorithm in ("split", "cusparse"):
         assert pair.plan.units > 0 and pair.long_rows.shape[0] > 0
     d = _dense_of(_bcsr(a, dtype))
     x = _rand((48,) if n is None else (48, n), dtype)
@@ -111,6 +113,49 @@ def test_float64_every_algorithm(x64, algorithm):
     assert _rel(pair.rmatvec(u), d.T @ np.asarray(u)) < 1e-12
 
 
+def test_cusparse_plan_rule():
+    """The auto rule takes the cusparse plan where it would take split, only for f32/f64 values whose column
+    indices are all in range (cuSPARSE reads every entry of a row); otherwise split. Results match either way."""
+    m = 3000
+    lens = np.ones(m, np.int64)
+    lens[7] = 2999
+    indptr = np.concatenate([[0], np.cumsum(lens)])
+    cols = np.concatenate([np.arange(n) for n in lens]).astype(np.int32)
+    vals = np.linspace(-1.0, 1.0, indptr[-1])
+    ref = sp.csr_matrix((vals, cols, indptr), shape=(m, m))
+    x = _rand((m,), np.float32)
+    for dtype, want in ((np.float32, "cusparse"), (np.float16, "split")):
+        pair = sparse.csr_pair(sp.csr_matrix((vals.astype(dtype), cols, indptr), shape=(m, m)))
+        assert pair.plan.algorithm == want, dtype
+        assert _rel(pair.matvec(x.astype(dtype)), ref @ np.asarray(x, np.float64)) < TOL[dtype]
+    bad = cols.copy()
+    bad[indptr[7] + 5] = m + 3  # an entry the kernels skip: cuSPARSE must not see this CSR
+    A = jsparse.BCSR(
+        (jnp.asarray(vals, jnp.float32), jnp.asarray(bad), jnp.asarray(indptr, jnp.int32)), shape=(m, m)
+    )
+    assert not sparse.cusparse_applicable(A.indices, m, np.float32)
+    pair = sparse.csr_pair(A)
+    assert pair.plan.algorithm == "split"
+    keep = np.ones(indptr[-1], bool)
+    keep[indptr[7] + 5] = False
+    ref_bad = sp.csr_matrix((vals * keep, cols, indptr), shape=(m, m))
+    assert _rel(pair.matvec(x), ref_bad @ np.asarray(x, np.float64)) < 1e-5
+    # forced on a raw BCSR (columns unchecked) it runs as split; under jit the build has no profile (vector)
+    assert _rel(sparse.matmul(A, x, algorithm="cusparse"), ref_bad @ np.asarray(x, np.float64)) < 1e-5
+    good = jsparse.BCSR(
+        (jnp.asarray(vals, jnp.float32), jnp.asarray(cols), jnp.asarray(indptr, jnp.int32)), shape=(m, m)
+    )
+    plans = []
+
+    def traced(A, x):
+        pair = sparse.csr_pair(A)
+        plans.append(pair.plan.algorithm)
+        return pair.matvec(x)
+
+    assert _rel(jax.jit(traced)(good, x), ref @ np.asarray(x, np.float64)) < 1e-5
+    assert plans == ["vector"]
+
+
 def test_profile_dispatch_rules():
     # short rows -> row-block "vector" (G from the average row length); power-law -> split; long rows -> warp
     short = sparse.csr_pair(_bcsr(_random_csr(200, 200, 0.02, np.float32), np.float32))
@@ -123,7 +168,8 @@ def test_profile_dispatch_rules():
     indptr = np.concatenate([[0], np.cumsum(lens)])
     cols = np.concatenate([np.arange(n) for n in lens])
     power = sparse.csr_pair(sp.csr_matrix((np.ones(indptr[-1], np.float32), cols, indptr), shape=(m, m)))
-    assert power.plan.algorithm == "split" and power.plan.units >= 3
+    # split's rows; f32 with every column in range: its N = 1 products on cuSPARSE (the cusparse plan)
+    assert power.plan.algorithm == "cusparse" and power.plan.units >= 3
     x = _rand((m,), np.float32)
     ref = sp.csr_matrix((np.ones(indptr[-1]), cols, indptr), shape=(m, m)) @ np.asarray(x, np.float64)
     assert _rel(power.matvec(x), ref) < 1e-5

@@ -11,6 +11,7 @@ import pytest
 import scipy.sparse as sp
 from jax.experimental import sparse as jsparse
 
+import jax_ops
 from jax_ops import sparse
 
 pytestmark = pytest.mark.gpu
@@ -118,13 +119,66 @@ def test_small_float64(algorithm):
 def test_power_law_auto_dispatch(n):
     a = _power_law(200_000, 150_000, seed=5, avg=8, max_len=120_000)
     pair = sparse.csr_pair(_bcsr(a, np.float32, _gpu()))
-    assert pair.plan.algorithm == "split", pair.profile
+    assert pair.plan.algorithm == "cusparse", pair.profile  # split's rows; N = 1 on cuSPARSE CSR_ALG2
     x, x64 = _dense_in((150_000,) if n is None else (150_000, n), np.float32, _gpu())
     out = jax.jit(lambda p, x: p @ x)(pair, x)
     assert _rel(out, a @ x64) < 1e-5
     u, u64 = _dense_in((200_000,) if n is None else (200_000, n), np.float32, _gpu(), seed=2)
     out = jax.jit(lambda p, u: p.rmatvec(u) if u.ndim == 1 else p.rmatmat(u))(pair, u)
     assert _rel(out, a.T @ u64) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_small_cusparse_plan(dtype):
+    """The cusparse plan (N = 1 on cuSPARSE's CSR_ALG2) on a ragged power-law matrix with empty rows: vs float64
+    and the CPU twin, alpha/beta/y into the donated output and without y (alpha only), bitwise repeatable, inside
+    a jitted fori_loop, and through jax_ops.lsmr (its loop compiled as one CUDA graph with a device-side
+    condition) against the CPU twin's solve."""
+    with jax.enable_x64(dtype == np.float64):
+        a = _power_law(4000, 3000, seed=11, max_len=3000).tolil()
+        a[100:140, :] = 0  # empty rows
+        a = a.tocsr()
+        ref_a = _rounded(a, dtype)
+        pair = sparse.csr_pair(_bcsr(a, dtype, _gpu()))
+        assert pair.plan.algorithm == "cusparse"
+        x, x64 = _dense_in((3000,), dtype, _gpu())
+        y, y64 = _dense_in((4000,), dtype, _gpu(), seed=3)
+        f = jax.jit(lambda p, x, y: p.matvec(x, alpha=0.75, beta=-0.5, y=y), donate_argnums=(2,))
+        out = f(pair, x, y)
+        assert _rel(out, 0.75 * (ref_a @ x64) - 0.5 * y64) < TOL[dtype]
+        g = jax.jit(lambda p, x: p.matvec(x, alpha=-2.0))
+        first = g(pair, x)
+        assert _rel(first, -2.0 * (ref_a @ x64)) < TOL[dtype]
+        for _ in range(3):
+            assert np.array_equal(np.asarray(g(pair, x)), np.asarray(first))
+        cpu = sparse.csr_pair(_bcsr(a, dtype, _cpu()))
+        x_cpu = jax.device_put(x, _cpu())
+        assert (
+            _rel(first, np.asarray(jax.jit(lambda p, x: p.matvec(x, alpha=-2.0))(cpu, x_cpu)))
+            < 2 * TOL[dtype]
+        )
+        # y <- A x / 4 - y / 2, ten times in one while loop
+        loop = jax.jit(
+            lambda p, x, y: jax.lax.fori_loop(0, 10, lambda i, y: p.matvec(x, alpha=0.25, beta=-0.5, y=y), y)
+        )
+        want = y64.copy()
+        for _ in range(10):
+            want = 0.25 * (ref_a @ x64) - 0.5 * want
+        assert _rel(loop(pair, x, _dense_in((4000,), dtype, _gpu(), seed=3)[0]), want) < 4 * TOL[dtype]
+        b = jax.device_put(jnp.asarray(ref_a @ np.ones(3000), dtype), _gpu())
+        sol = jax_ops.lsmr(pair, b, atol=1e-5, btol=1e-5, maxiter=300)
+        sol_cpu = jax_ops.lsmr(cpu, jax.device_put(b, _cpu()), atol=1e-5, btol=1e-5, maxiter=300)
+        assert int(sol.istop) == int(sol_cpu.istop) and abs(int(sol.itn) - int(sol_cpu.itn)) <= max(
+            2, int(sol_cpu.itn) // 50
+        )
+        b64 = np.asarray(b, np.float64)
+
+        def residual(s):
+            return np.linalg.norm(ref_a @ np.asarray(s.x, np.float64) - b64) / np.linalg.norm(b64)
+
+        assert abs(residual(sol) - residual(sol_cpu)) <= (1e-3 if dtype == np.float32 else 1e-9) * residual(
+            sol_cpu
+        )
 
 
 def test_small_poisoned_aliased_output():

@@ -2,8 +2,12 @@
 // dispatch, launch. Workspace comes from Python (an extra result), so the handler is CUDA-graph compatible.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cusparse.h>
+
+#include <type_traits>
 
 #include "common/cuda_helpers.h"
+#include "common/handle_pool.h"
 #include "sparse/spmm_kernels.h"
 #include "sparse/spmm_params.h"
 
@@ -35,6 +39,56 @@ struct DeviceType<ffi::DataType::BF16> {
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The cuSPARSE descriptors of one call (host objects; destroyed once the SpMV is enqueued).
+struct CusparseDescrs {
+  cusparseSpMatDescr_t a = nullptr;
+  cusparseDnVecDescr_t x = nullptr, y = nullptr;
+  ~CusparseDescrs() {
+    if (a) cusparseDestroySpMat(a);
+    if (x) cusparseDestroyDnVec(x);
+    if (y) cusparseDestroyDnVec(y);
+  }
+};
+
+// The cusparse plan (contract in spmm_params.h): out = alpha * A x + beta * y as cuSPARSE's in-place form
+// Y = alpha A X + beta Y on out, which first gets y (copied unless XLA aliased them) or zeros (no y: beta is the
+// workspace's zero). alpha/beta are device scalars (pointer mode device). Enqueues only: CUDA-graph safe.
+template <typename T>
+ffi::Error CusparseSpmv(cudaStream_t stream, const SpmmArgs<T, T>& a, ffi::AnyBuffer& ws) {
+  auto handle = CusparseHandleFor(stream);
+  if (handle.has_error()) return handle.error();
+  constexpr cudaDataType kType = std::is_same_v<T, float> ? CUDA_R_32F : CUDA_R_64F;
+  char* zero = static_cast<char*>(ws.untyped_data());
+  const size_t bytes = static_cast<size_t>(a.m) * sizeof(T);
+  if (a.y == nullptr) {
+    JAX_OPS_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(a.out, 0, bytes, stream));
+    JAX_OPS_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(zero, 0, sizeof(T), stream));
+  } else if (static_cast<const void*>(a.y) != static_cast<const void*>(a.out)) {
+    JAX_OPS_RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(a.out, a.y, bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  const T* beta = a.y != nullptr ? a.beta : reinterpret_cast<const T*>(zero);
+  CusparseDescrs d;
+  JAX_OPS_RETURN_IF_CUSPARSE_ERROR(cusparseCreateCsr(
+      &d.a, a.m, a.k, a.nnz, const_cast<int32_t*>(a.indptr), const_cast<int32_t*>(a.indices), const_cast<T*>(a.values),
+      CUSPARSE_INDEX_32I, CUSPARSE_INDEX_32I, CUSPARSE_INDEX_BASE_ZERO, kType));
+  JAX_OPS_RETURN_IF_CUSPARSE_ERROR(cusparseCreateDnVec(&d.x, a.k, const_cast<T*>(a.b), kType));
+  JAX_OPS_RETURN_IF_CUSPARSE_ERROR(cusparseCreateDnVec(&d.y, a.m, a.out, kType));
+  JAX_OPS_RETURN_IF_CUSPARSE_ERROR(cusparseSetPointerMode(*handle, CUSPARSE_POINTER_MODE_DEVICE));
+  constexpr auto kOp = CUSPARSE_OPERATION_NON_TRANSPOSE;
+  constexpr auto kAlg = CUSPARSE_SPMV_CSR_ALG2;
+  size_t need = 0;
+  JAX_OPS_RETURN_IF_CUSPARSE_ERROR(
+      cusparseSpMV_bufferSize(*handle, kOp, a.alpha, d.a, d.x, beta, d.y, kType, kAlg, &need));
+  const size_t have = ws.size_bytes() - static_cast<size_t>(kCusparseZeroBytes);
+  if (need > have)
+    return ffi::Error::InvalidArgument("csr_spmm: the cusparse plan's workspace has " + std::to_string(have) +
+                                       " bytes for cuSPARSE, which asks for " + std::to_string(need) +
+                                       " (jax_ops.sparse._cusparse_ws_bytes is too small for this matrix)");
+  JAX_OPS_RETURN_IF_CUSPARSE_ERROR(
+      cusparseSpMV(*handle, kOp, a.alpha, d.a, d.x, beta, d.y, kType, kAlg, zero + kCusparseZeroBytes));
+  return ffi::Error::Success();
+}
+
 ffi::Error CsrSpmmCuda(cudaStream_t stream, ffi::AnyBuffer indptr, ffi::AnyBuffer indices, ffi::AnyBuffer values,
                        ffi::AnyBuffer b, ffi::AnyBuffer alpha, ffi::AnyBuffer beta, ffi::AnyBuffer y,
                        ffi::AnyBuffer long_rows, ffi::AnyBuffer long_ptr, ffi::Result<ffi::AnyBuffer> out,
@@ -51,6 +105,8 @@ ffi::Error CsrSpmmCuda(cudaStream_t stream, ffi::AnyBuffer indptr, ffi::AnyBuffe
         using Acc = typename DeviceType<decltype(tag)::value>::Acc;
         auto a =
             MakeSpmmArgs<T, Acc>(*shape, indptr, indices, values, b, alpha, beta, y, long_rows, long_ptr, *out, *ws);
+        if constexpr (std::is_same_v<T, Acc>)  // f32, f64 (CheckSpmmArgs allows the cusparse plan only there)
+          if (shape->algorithm == kCusparse) return CusparseSpmv<T>(stream, a, *ws);
         constexpr int64_t kVec = 16 / sizeof(T);
         const bool vec16 = shape->n > 1 && shape->n % kVec == 0 && Aligned16(a.b) && Aligned16(a.out) &&
                            (a.y == nullptr || Aligned16(a.y));

@@ -6,7 +6,8 @@
 //   args:  indptr s32[M+1], indices s32[nnz], values T[nnz], b T[K, N], alpha Acc[N], beta Acc[N],
 //          y T[M, N] or T[0] (no y: beta ignored), long_rows s32[L], long_ptr s32[L+1]
 //   rets:  out T[M, N], workspace Acc[W]
-//   attrs: algorithm (s32: 0 vector, 1 cta, 2 split, 3 stream, 4 segmented), group (s32: lanes per row, 1..32,
+//   attrs: algorithm (s32: 0 vector, 1 cta, 2 split, 3 stream, 4 segmented, 5 cusparse), group (s32: lanes per
+//   row, 1..32,
 //          power of 2), chunk (s64: nnz per work unit of a long row in split; rows per CTA for stream; total
 //          CTAs of the segment table for segmented)
 // T is f16, bf16, f32 or f64; Acc is f32 for the first three and f64 for f64.
@@ -31,6 +32,13 @@
 // written. Rows outside every such segment are not written (Python's table covers [0, M) in order); the CPU
 // twin writes exactly the same rows. N > 1 on the 16-byte path uses the same table and CTAs (the slots kernel per
 // segment, S from the segment's average row); other N > 1 run the group kernel over all rows.
+//
+// cuSPARSE (N == 1, f32/f64 only): cusparseSpMV with CSR_ALG2, cuSPARSE's deterministic CSR algorithm (bitwise
+// repeatable; its default algorithm is not, on power-law rows). cuSPARSE reads every entry in the rows' ranges, so
+// Python picks this plan only for a CSR whose column indices it checked to be in [0, K) and whose indptr is
+// monotone (a CSRPair built from concrete arrays). The workspace holds a zero (the beta of a call without y) in
+// its first kCusparseZeroBytes and cuSPARSE's buffer after it; a workspace smaller than cuSPARSE asks for is an
+// error. The CPU twin runs its row loop. long_rows/long_ptr (the split lists, for N > 1) are not read.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +48,11 @@
 
 namespace jax_ops::sparse {
 
-enum Algorithm : int32_t { kVector = 0, kCta = 1, kSplit = 2, kStream = 3, kSegmented = 4 };
+enum Algorithm : int32_t { kVector = 0, kCta = 1, kSplit = 2, kStream = 3, kSegmented = 4, kCusparse = 5 };
+
+// Bytes at the start of a cusparse-plan workspace that hold the zero beta (cuSPARSE's buffer starts after them,
+// aligned). jax_ops.sparse._CUSPARSE_ZERO_BYTES must match.
+constexpr int64_t kCusparseZeroBytes = 256;
 
 // Lanes per row a segment table entry stands for: 1, 2, 4, 8, 16 as given, anything else 32 (both twins).
 inline constexpr int SegmentGroup(int32_t g) { return g == 1 || g == 2 || g == 4 || g == 8 || g == 16 ? g : 32; }
@@ -155,7 +167,14 @@ inline ffi::ErrorOr<SpmmShape> CheckSpmmArgs(const ffi::AnyBuffer& indptr, const
   } else if (long_ptr.dimensions()[0] != s.num_long + 1) {
     return fail("long_ptr must have len(long_rows) + 1 entries");
   }
-  if (algorithm < kVector || algorithm > kSegmented) return fail("unknown algorithm " + std::to_string(algorithm));
+  if (algorithm < kVector || algorithm > kCusparse) return fail("unknown algorithm " + std::to_string(algorithm));
+  if (algorithm == kCusparse) {
+    if (s.n != 1 || (s.dtype != ffi::DataType::F32 && s.dtype != ffi::DataType::F64))
+      return fail("the cusparse plan needs N = 1 and f32 or f64 values, got N = " + std::to_string(s.n) + " and " +
+                  DTypeName(s.dtype));
+    if (static_cast<int64_t>(ws.size_bytes()) < kCusparseZeroBytes)
+      return fail("the cusparse plan needs a workspace of at least " + std::to_string(kCusparseZeroBytes) + " bytes");
+  }
   if (algorithm == kStream && (chunk < kStreamMinRows || chunk > kStreamMaxRows || (chunk & (chunk - 1)) != 0))
     return fail("stream needs chunk (rows per block) a power of two in [8, 256], got " + std::to_string(chunk));
   if (group < 1 || group > 32 || (group & (group - 1)) != 0)

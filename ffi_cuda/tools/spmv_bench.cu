@@ -404,7 +404,23 @@ struct Result {
   std::string plan;
   double us = 0, err = 0;
   bool ok = false;
+  int repeat_diffs = -1;  // runs (of kRepeatRuns) whose output differed bitwise from the first; -1: not checked
 };
+
+// Bitwise run-to-run repeatability (the library's contract is deterministic output): how many of `runs`
+// launches give an output that differs in any bit from the first launch's.
+constexpr int kRepeatRuns = 20;
+static int RepeatDiffs(Case& c, const std::function<void()>& launch, int runs) {
+  std::vector<float> first(c.d.m), out(c.d.m);
+  int diffs = 0;
+  for (int i = 0; i < runs; ++i) {
+    launch();
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(i == 0 ? first.data() : out.data(), c.y, c.d.m * 4, cudaMemcpyDeviceToHost));
+    if (i > 0 && std::memcmp(first.data(), out.data(), c.d.m * 4) != 0) ++diffs;
+  }
+  return diffs;
+}
 
 static int Reps(const Case& c) { return c.bytes > 1e8 ? 20 : 100; }
 
@@ -530,29 +546,59 @@ static Result OldPlan(Case& c) {
   });
 }
 
+static bool g_repeat_check = false;  // --tails: cuSPARSE rows also report bitwise run-to-run repeatability
+
+// How a cuSPARSE row prepares the call: kOnce = descriptors, buffer and (kPreprocess) cusparseSpMV_preprocess set
+// up once outside the timed launches; kPerCall = everything per launch (descriptors, bufferSize, preprocess, SpMV,
+// destroy: what an FFI handler without persistent state would do; the buffer stays allocated).
+enum CusparsePrep { kNoPreprocess, kPreprocess, kPerCall };
+
 // cuSPARSE SpMV of the case's matrix (op: CSR as is, or its transpose), alg default/ALG1/ALG2.
 static Result Cusparse(Case& c, cusparseHandle_t h, cusparseOperation_t op, cusparseSpMVAlg_t alg, const char* name,
-                       const DevCsr& mat, bool preprocess) {
+                       const DevCsr& mat, CusparsePrep prep) {
   cusparseSpMatDescr_t A;
   cusparseDnVecDescr_t X, Y;
-  CHECK_SP(cusparseCreateCsr(&A, mat.m, mat.k, mat.nnz, mat.indptr, mat.indices, mat.values, CUSPARSE_INDEX_32I,
-                             CUSPARSE_INDEX_32I, CUSPARSE_INDEX_BASE_ZERO, CUDA_R_32F));
-  CHECK_SP(cusparseCreateDnVec(&X, c.d.k, c.x, CUDA_R_32F));
-  CHECK_SP(cusparseCreateDnVec(&Y, c.d.m, c.y, CUDA_R_32F));
+  auto create = [&] {
+    CHECK_SP(cusparseCreateCsr(&A, mat.m, mat.k, mat.nnz, mat.indptr, mat.indices, mat.values, CUSPARSE_INDEX_32I,
+                               CUSPARSE_INDEX_32I, CUSPARSE_INDEX_BASE_ZERO, CUDA_R_32F));
+    CHECK_SP(cusparseCreateDnVec(&X, c.d.k, c.x, CUDA_R_32F));
+    CHECK_SP(cusparseCreateDnVec(&Y, c.d.m, c.y, CUDA_R_32F));
+  };
+  auto destroy = [&] { cusparseDestroySpMat(A), cusparseDestroyDnVec(X), cusparseDestroyDnVec(Y); };
+  create();
   const float one = 1.0f, zero = 0.0f;
   size_t ws = 0;
   Result r;
   r.plan = name;
   if (cusparseSpMV_bufferSize(h, op, &one, A, X, &zero, Y, CUDA_R_32F, alg, &ws) != CUSPARSE_STATUS_SUCCESS) {
     r.plan += " (unsupported)";
+    destroy();
     return r;
   }
   void* buf = nullptr;
-  CHECK(cudaMalloc(&buf, std::max<size_t>(ws, 16)));
-  if (preprocess) CHECK_SP(cusparseSpMV_preprocess(h, op, &one, A, X, &zero, Y, CUDA_R_32F, alg, buf));
-  r = Measure(c, name, [&] { CHECK_SP(cusparseSpMV(h, op, &one, A, X, &zero, Y, CUDA_R_32F, alg, buf)); });
+  const size_t cap = std::max<size_t>(ws, 16);
+  CHECK(cudaMalloc(&buf, cap));
+  if (prep == kPreprocess) CHECK_SP(cusparseSpMV_preprocess(h, op, &one, A, X, &zero, Y, CUDA_R_32F, alg, buf));
+  std::function<void()> launch = [&] { CHECK_SP(cusparseSpMV(h, op, &one, A, X, &zero, Y, CUDA_R_32F, alg, buf)); };
+  if (prep == kPerCall) {
+    destroy();
+    launch = [&] {
+      create();
+      size_t need = 0;
+      CHECK_SP(cusparseSpMV_bufferSize(h, op, &one, A, X, &zero, Y, CUDA_R_32F, alg, &need));
+      if (need > cap) std::exit(2);
+      CHECK_SP(cusparseSpMV_preprocess(h, op, &one, A, X, &zero, Y, CUDA_R_32F, alg, buf));
+      CHECK_SP(cusparseSpMV(h, op, &one, A, X, &zero, Y, CUDA_R_32F, alg, buf));
+      destroy();
+    };
+  }
+  r = Measure(c, name, launch);
+  if (g_repeat_check) r.repeat_diffs = RepeatDiffs(c, launch, kRepeatRuns);
+  if (g_repeat_check)
+    std::printf("  (%s: buffer %zu bytes = %.2f per row, %.3f per nnz)\n", name, ws,
+                double(ws) / std::max<int64_t>(1, mat.m), double(ws) / std::max<int64_t>(1, mat.nnz));
   cudaFree(buf);
-  cusparseDestroySpMat(A), cusparseDestroyDnVec(X), cusparseDestroyDnVec(Y);
+  if (prep != kPerCall) destroy();
   return r;
 }
 
@@ -561,8 +607,10 @@ static bool g_sweep_split = false;  // --lsmr-ba: the parameter sweep also tries
 
 static void Print(const Case& c, const char* op, const Result& r, double ref_us) {
   const double gbps = c.bytes / (r.us * 1e-6) / 1e9;
-  std::printf("  %-34s %9.1f us %7.0f GB/s  x%5.2f  err %.1e%s\n", r.plan.c_str(), r.us, gbps, ref_us / r.us, r.err,
+  std::printf("  %-34s %9.1f us %7.0f GB/s  x%5.2f  err %.1e%s", r.plan.c_str(), r.us, gbps, ref_us / r.us, r.err,
               r.ok ? "" : "  FAIL");
+  if (r.repeat_diffs >= 0) std::printf("  bitwise repeat: %d of %d runs differ", r.repeat_diffs, kRepeatRuns - 1);
+  std::printf("\n");
   if (g_csv)
     std::fprintf(g_csv, "%s,%s,%s,%.2f,%.1f,%.3e,%d\n", c.host->name.c_str(), op, r.plan.c_str(), r.us, gbps, r.err,
                  int(r.ok));
@@ -657,13 +705,13 @@ static void RunCase(const Csr& mat, const DevCsr* csr_a, const char* op, cuspars
               c.bytes / 1e6);
 
   std::vector<Result> cusp;
-  cusp.push_back(
-      Cusparse(c, handle, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_SPMV_ALG_DEFAULT, "cuSPARSE default", c.d, false));
+  cusp.push_back(Cusparse(c, handle, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_SPMV_ALG_DEFAULT, "cuSPARSE default",
+                          c.d, kNoPreprocess));
   cusp.push_back(Cusparse(c, handle, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_SPMV_CSR_ALG2, "cuSPARSE CSR_ALG2+pre",
-                          c.d, true));
+                          c.d, kPreprocess));
   if (csr_a)
     cusp.push_back(Cusparse(c, handle, CUSPARSE_OPERATION_TRANSPOSE, CUSPARSE_SPMV_ALG_DEFAULT,
-                            "cuSPARSE default op=T on CSR(A)", *csr_a, false));
+                            "cuSPARSE default op=T on CSR(A)", *csr_a, kNoPreprocess));
   const double ref_us = cusp[0].us;
   double best_cusp = 1e30;
   for (auto& r : cusp) {
@@ -1398,9 +1446,15 @@ static Baseline StartCase(Case& c, const Csr& mat, const char* op, cusparseHandl
   const Profile& p = base.p = ProfileOf(mat);
   std::printf("\n== %s  %s: M=%lld K=%lld nnz=%lld avg=%.1f p95=%.0f max=%lld\n", mat.name.c_str(), op,
               (long long)mat.m, (long long)mat.k, (long long)mat.nnz(), p.avg, p.p95, (long long)p.max);
-  base.cu =
-      Cusparse(c, handle, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_SPMV_ALG_DEFAULT, "cuSPARSE default", c.d, false);
+  base.cu = Cusparse(c, handle, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_SPMV_ALG_DEFAULT, "cuSPARSE default", c.d,
+                     kNoPreprocess);
   Print(c, op, base.cu, base.cu.us);
+  // the deterministic cuSPARSE algorithm (CSR_ALG2, preprocessed once): a dispatch candidate only if it is fast
+  for (auto [prep, nm] :
+       {std::pair{kPreprocess, "cuSPARSE CSR_ALG2+pre"}, std::pair{kNoPreprocess, "cuSPARSE CSR_ALG2"},
+        std::pair{kPerCall, "cuSPARSE CSR_ALG2 all per call"}})
+    Print(c, op, Cusparse(c, handle, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_SPMV_CSR_ALG2, nm, c.d, prep),
+          base.cu.us);
   base.cur = Production(c);
   Print(c, op, base.cur, base.cu.us);
   return base;
@@ -1488,6 +1542,7 @@ static void ForBelowTargetMatrices(const std::function<void(const Csr&, const ch
 static int RunTails(int sms) {
   cusparseHandle_t handle;
   CHECK_SP(cusparseCreate(&handle));
+  g_repeat_check = true;
   ForBelowTargetMatrices([&](const Csr& a, const char* op) { TailsCase(a, op, handle, sms); });
   TailsCase(Transpose(Uniform(2000000, 2000000, 16)), "ATu", handle, sms);
   cusparseDestroy(handle);
