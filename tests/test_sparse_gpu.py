@@ -135,13 +135,15 @@ def test_small_cusparse_plan(dtype):
     a jitted fori_loop, and through jax_ops.lsmr (its loop compiled as one CUDA graph with a device-side
     condition) against the CPU twin's solve."""
     with jax.enable_x64(dtype == np.float64):
-        a = _power_law(4000, 3000, seed=11, max_len=3000).tolil()
-        a[100:140, :] = 0  # empty rows
+        a = _power_law(4000, 9000, seed=11, max_len=5000).tolil()
+        a[100:140, :] = (
+            0  # empty rows (lil sums the duplicate columns: the long row keeps ~3800 > 2048 entries)
+        )
         a = a.tocsr()
         ref_a = _rounded(a, dtype)
         pair = sparse.csr_pair(_bcsr(a, dtype, _gpu()))
         assert pair.plan.algorithm == "cusparse"
-        x, x64 = _dense_in((3000,), dtype, _gpu())
+        x, x64 = _dense_in((9000,), dtype, _gpu())
         y, y64 = _dense_in((4000,), dtype, _gpu(), seed=3)
         f = jax.jit(lambda p, x, y: p.matvec(x, alpha=0.75, beta=-0.5, y=y), donate_argnums=(2,))
         out = f(pair, x, y)
@@ -165,7 +167,7 @@ def test_small_cusparse_plan(dtype):
         for _ in range(10):
             want = 0.25 * (ref_a @ x64) - 0.5 * want
         assert _rel(loop(pair, x, _dense_in((4000,), dtype, _gpu(), seed=3)[0]), want) < 4 * TOL[dtype]
-        b = jax.device_put(jnp.asarray(ref_a @ np.ones(3000), dtype), _gpu())
+        b = jax.device_put(jnp.asarray(ref_a @ np.ones(9000), dtype), _gpu())
         sol = jax_ops.lsmr(pair, b, atol=1e-5, btol=1e-5, maxiter=300)
         sol_cpu = jax_ops.lsmr(cpu, jax.device_put(b, _cpu()), atol=1e-5, btol=1e-5, maxiter=300)
         assert int(sol.istop) == int(sol_cpu.istop) and abs(int(sol.itn) - int(sol_cpu.itn)) <= max(
