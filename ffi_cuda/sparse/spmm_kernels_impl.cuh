@@ -103,6 +103,26 @@ __device__ __forceinline__ int64_t LastAtMost(const int32_t* ptr, int64_t n, int
   return lo;
 }
 
+// This CTA's segment in the segmented plan's table (contract in spmm_params.h): the entry, its rows [r0, r1)
+// clamped to [0, M), and its CTAs [c0, c1) (blockIdx.x among them). False: no segment owns this CTA.
+struct SegmentCta {
+  int64_t entry, r0, r1, c0, c1;
+};
+template <typename T, typename Acc>
+__device__ __forceinline__ bool FindSegment(const SpmmArgs<T, Acc>& a, SegmentCta* sc) {
+  const int64_t b = blockIdx.x;
+  const int64_t lo = LastAtMost(a.long_ptr, a.num_long, b);
+  const int64_t c0 = __ldg(a.long_ptr + lo);
+  const int64_t c1 = min(static_cast<int64_t>(__ldg(a.long_ptr + lo + 1)), static_cast<int64_t>(gridDim.x));
+  if (b < c0 || b >= c1) return false;
+  sc->entry = lo;
+  sc->r0 = min(max(static_cast<int64_t>(__ldg(a.long_rows + 3 * lo)), int64_t{0}), a.m);
+  sc->r1 = min(max(static_cast<int64_t>(__ldg(a.long_rows + 3 * lo + 1)), sc->r0), a.m);
+  sc->c0 = c0;
+  sc->c1 = c1;
+  return true;
+}
+
 // Work units of the split algorithm that actually exist (<= the workspace's capacity).
 template <typename T, typename Acc>
 __device__ __forceinline__ int64_t UnitsTotal(const SpmmArgs<T, Acc>& a) {
@@ -592,23 +612,18 @@ __host__ __device__ inline int SlotsFor(double avg, int g) {
 // adjustment: camera rows of ~500) gets up to 8 slots per team while the short rows next to it keep one.
 template <typename T, typename Acc, int G, int VEC>
 __global__ void __launch_bounds__(kThreads, (SlotsMinBlocks<T, G>())) SpmmSegmentedSlotsKernel(SpmmArgs<T, Acc> a) {
-  const int64_t b = blockIdx.x;
-  const int64_t lo = LastAtMost(a.long_ptr, a.num_long, b);
-  const int64_t c0 = __ldg(a.long_ptr + lo);
-  const int64_t c1 = min(static_cast<int64_t>(__ldg(a.long_ptr + lo + 1)), static_cast<int64_t>(gridDim.x));
-  if (b < c0 || b >= c1) return;
-  const int64_t r0 = min(max(static_cast<int64_t>(__ldg(a.long_rows + 3 * lo)), int64_t{0}), a.m);
-  const int64_t r1 = min(max(static_cast<int64_t>(__ldg(a.long_rows + 3 * lo + 1)), r0), a.m);
-  const int64_t p0 = min(max(static_cast<int64_t>(__ldg(a.indptr + r0)), int64_t{0}), a.nnz);
-  const int64_t p1 = min(max(static_cast<int64_t>(__ldg(a.indptr + r1)), p0), a.nnz);
-  const int s = SlotsFor(r1 > r0 ? static_cast<double>(p1 - p0) / static_cast<double>(r1 - r0) : 0.0, G);
+  SegmentCta g;
+  if (!FindSegment(a, &g)) return;
+  const int64_t p0 = min(max(static_cast<int64_t>(__ldg(a.indptr + g.r0)), int64_t{0}), a.nnz);
+  const int64_t p1 = min(max(static_cast<int64_t>(__ldg(a.indptr + g.r1)), p0), a.nnz);
+  const int s = SlotsFor(g.r1 > g.r0 ? static_cast<double>(p1 - p0) / static_cast<double>(g.r1 - g.r0) : 0.0, G);
   if constexpr (G * 8 <= 32)
-    if (s >= 8) return SpmmSlotsBody<T, Acc, G, VEC, 8, false>(a, r0, r1, b - c0, c1 - c0);
+    if (s >= 8) return SpmmSlotsBody<T, Acc, G, VEC, 8, false>(a, g.r0, g.r1, blockIdx.x - g.c0, g.c1 - g.c0);
   if constexpr (G * 4 <= 32)
-    if (s >= 4) return SpmmSlotsBody<T, Acc, G, VEC, 4, false>(a, r0, r1, b - c0, c1 - c0);
+    if (s >= 4) return SpmmSlotsBody<T, Acc, G, VEC, 4, false>(a, g.r0, g.r1, blockIdx.x - g.c0, g.c1 - g.c0);
   if constexpr (G * 2 <= 32)
-    if (s >= 2) return SpmmSlotsBody<T, Acc, G, VEC, 2, false>(a, r0, r1, b - c0, c1 - c0);
-  SpmmSlotsBody<T, Acc, G, VEC, 1, false>(a, r0, r1, b - c0, c1 - c0);
+    if (s >= 2) return SpmmSlotsBody<T, Acc, G, VEC, 2, false>(a, g.r0, g.r1, blockIdx.x - g.c0, g.c1 - g.c0);
+  SpmmSlotsBody<T, Acc, G, VEC, 1, false>(a, g.r0, g.r1, blockIdx.x - g.c0, g.c1 - g.c0);
 }
 
 // Pass 3 of split: one warp per long row, lanes over columns, partials summed in unit order.
@@ -657,27 +672,23 @@ __device__ __forceinline__ void SegmentRows(const SpmmArgs<T, Acc>& a, int64_t r
 constexpr int kSegmentedMinBlocks = 4;
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(kThreads, kSegmentedMinBlocks) SpmvSegmentedKernel(SpmmArgs<T, Acc> a) {
-  const int64_t b = blockIdx.x;
-  const int64_t lo = LastAtMost(a.long_ptr, a.num_long, b);
-  const int64_t c0 = __ldg(a.long_ptr + lo);
-  const int64_t c1 = min(static_cast<int64_t>(__ldg(a.long_ptr + lo + 1)), static_cast<int64_t>(gridDim.x));
-  if (b < c0 || b >= c1) return;
-  const int64_t r0 = min(max(static_cast<int64_t>(__ldg(a.long_rows + 3 * lo)), int64_t{0}), a.m);
-  const int64_t r1 = min(max(static_cast<int64_t>(__ldg(a.long_rows + 3 * lo + 1)), r0), a.m);
-  const int64_t warp = (b - c0) * (kThreads / 32) + (threadIdx.x >> 5), nwarps = (c1 - c0) * (kThreads / 32);
-  switch (SegmentGroup(__ldg(a.long_rows + 3 * lo + 2))) {
+  SegmentCta g;
+  if (!FindSegment(a, &g)) return;
+  const int64_t warp = (blockIdx.x - g.c0) * (kThreads / 32) + (threadIdx.x >> 5);
+  const int64_t nwarps = (g.c1 - g.c0) * (kThreads / 32);
+  switch (SegmentGroup(__ldg(a.long_rows + 3 * g.entry + 2))) {
     case 1:
-      return SegmentRows<T, Acc, 1>(a, r0, r1, warp, nwarps);
+      return SegmentRows<T, Acc, 1>(a, g.r0, g.r1, warp, nwarps);
     case 2:
-      return SegmentRows<T, Acc, 2>(a, r0, r1, warp, nwarps);
+      return SegmentRows<T, Acc, 2>(a, g.r0, g.r1, warp, nwarps);
     case 4:
-      return SegmentRows<T, Acc, 4>(a, r0, r1, warp, nwarps);
+      return SegmentRows<T, Acc, 4>(a, g.r0, g.r1, warp, nwarps);
     case 8:
-      return SegmentRows<T, Acc, 8>(a, r0, r1, warp, nwarps);
+      return SegmentRows<T, Acc, 8>(a, g.r0, g.r1, warp, nwarps);
     case 16:
-      return SegmentRows<T, Acc, 16>(a, r0, r1, warp, nwarps);
+      return SegmentRows<T, Acc, 16>(a, g.r0, g.r1, warp, nwarps);
     default:
-      return SegmentRows<T, Acc, 32>(a, r0, r1, warp, nwarps);
+      return SegmentRows<T, Acc, 32>(a, g.r0, g.r1, warp, nwarps);
   }
 }
 
