@@ -719,10 +719,8 @@ def _spmm_slots(avg_nnz: float, g: int) -> int:
 def _ffi_spmm(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr, *, plan: Plan):
     m = indptr.shape[0] - 1
     n = b2.shape[1]
-    if plan.algorithm == "cusparse" and n > 1:
-        plan = dataclasses.replace(
-            plan, algorithm="split"
-        )  # cuSPARSE serves N = 1; SpMM runs split's kernels
+    if plan.algorithm == "cusparse" and n > 1:  # cuSPARSE serves N = 1; SpMM runs split's kernels
+        plan = dataclasses.replace(plan, algorithm="split")
     if spmm_takes_split(plan, m, int(indices.shape[0]), n, np.dtype(values.dtype).itemsize):
         indptr = _sanitize_indptr(indptr, int(indices.shape[0]))  # split needs a monotone indptr
         plan, long_rows, long_ptr = _make_plan(

@@ -6,10 +6,9 @@
 //   args:  indptr s32[M+1], indices s32[nnz], values T[nnz], b T[K, N], alpha Acc[N], beta Acc[N],
 //          y T[M, N] or T[0] (no y: beta ignored), long_rows s32[L], long_ptr s32[L+1]
 //   rets:  out T[M, N], workspace Acc[W]
-//   attrs: algorithm (s32: 0 vector, 1 cta, 2 split, 3 stream, 4 segmented, 5 cusparse), group (s32: lanes per
-//   row, 1..32,
-//          power of 2), chunk (s64: nnz per work unit of a long row in split; rows per CTA for stream; total
-//          CTAs of the segment table for segmented)
+//   attrs: algorithm (s32: 0 vector, 1 cta, 2 split, 3 stream, 4 segmented, 5 cusparse), group (s32: lanes
+//          per row, 1..32, power of 2), chunk (s64: nnz per work unit of a long row in split; rows per CTA for
+//          stream; total CTAs of the segment table for segmented)
 // T is f16, bf16, f32 or f64; Acc is f32 for the first three and f64 for f64.
 //
 // Row ranges are clamped: row r covers [s, e) with s = clamp(indptr[r], 0, nnz), e = clamp(indptr[r+1], s, nnz),
