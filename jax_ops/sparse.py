@@ -594,23 +594,29 @@ def _long_rows_traced(indptr: jax.Array, nnz: int, chunk: int) -> tuple[jax.Arra
 _EMPTY_LONG = (np.zeros((0,), np.int32), np.zeros((1,), np.int32))
 
 
-def _cusparse_ws_bytes(nnz: int) -> int:
+def _cusparse_ws_bytes(m: int, nnz: int) -> int:
     """Workspace of an N = 1 call on the cusparse plan: the zero beta, then room for cuSPARSE's CSR_ALG2 buffer
-    (cusparseSpMV_bufferSize asked for nnz / 51 bytes on the H200's cuSPARSE for every suite matrix; this leaves
-    6x that plus 1 MiB, and the handler raises if cuSPARSE ever wants more)."""
-    return _CUSPARSE_ZERO_BYTES + nnz // 8 + (1 << 20)
+    (cusparseSpMV_bufferSize asked for nnz / 51 bytes on the H200's cuSPARSE for every suite matrix, whatever M:
+    ba-like A and Aᵀ, 1M and 618k rows, both 235087 bytes; this leaves 6x that, M / 8 and 1 MiB, and the handler
+    raises if cuSPARSE ever wants more)."""
+    return _CUSPARSE_ZERO_BYTES + (m + nnz) // 8 + (1 << 20)
 
 
-def cusparse_applicable(indices, k: int, dtype) -> bool:
-    """Whether the cusparse plan may run cuSPARSE for a CSR: float32/float64 values, nnz > 0, K > 0, and (checked
-    on the device, for concrete indices only) every column index in [0, K). cuSPARSE reads every entry of a row's
-    range, so an entry the kernels skip (a column outside [0, K)) must not reach it."""
+def cusparse_applicable(indptr, indices, k: int, dtype) -> bool:
+    """Whether the cusparse plan may run cuSPARSE for a CSR: float32/float64 values, nnz > 0, K > 0, and (for
+    concrete arrays only) a standard CSR: indptr[0] == 0 and indptr[M] == nnz (so no padding is stored past the
+    rows: a padded BCOO or its transpose keeps split) and every column index in [0, K) (checked on the device).
+    cuSPARSE reads every stored entry as part of a row, so an entry the kernels skip must not reach it."""
     if (
         np.dtype(dtype) not in _CUSPARSE_DTYPES
         or k <= 0
         or indices.shape[0] == 0
-        or not _is_concrete(indices)
+        or indptr.shape[0] < 2
+        or not _is_concrete(indptr, indices)
     ):
+        return False
+    ends = np.asarray(indptr[jnp.asarray([0, -1])])
+    if int(ends[0]) != 0 or int(ends[1]) != indices.shape[0]:
         return False
     return bool(jnp.all((indices >= 0) & (indices < k)))
 
@@ -719,7 +725,7 @@ def _spmm_slots(avg_nnz: float, g: int) -> int:
 def _ffi_spmm(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr, *, plan: Plan):
     m = indptr.shape[0] - 1
     n = b2.shape[1]
-    if plan.algorithm == "cusparse" and n > 1:  # cuSPARSE serves N = 1; SpMM runs split's kernels
+    if plan.algorithm == "cusparse" and n != 1:  # cuSPARSE serves N = 1; other N run split's kernels
         plan = dataclasses.replace(plan, algorithm="split")
     if spmm_takes_split(plan, m, int(indices.shape[0]), n, np.dtype(values.dtype).itemsize):
         indptr = _sanitize_indptr(indptr, int(indices.shape[0]))  # split needs a monotone indptr
@@ -729,7 +735,7 @@ def _ffi_spmm(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr, 
     acc = _acc_dtype(values.dtype)
     out = jax.ShapeDtypeStruct((m, n), values.dtype)
     if plan.algorithm == "cusparse":
-        ws_len = -(-_cusparse_ws_bytes(int(indices.shape[0])) // acc.itemsize)
+        ws_len = -(-_cusparse_ws_bytes(m, int(indices.shape[0])) // acc.itemsize)
     else:
         ws_len = max(plan.units * n, 1)
     ws = jax.ShapeDtypeStruct((ws_len,), acc)
@@ -1082,11 +1088,11 @@ class CSRPair:
         itemsize = np.dtype(values.dtype).itemsize
         plan, lr, lp = _make_plan(
             indptr, nnz, m, prof, algorithm, split_chunk, k, itemsize,
-            cusparse_ok=lambda: cusparse_applicable(indices, k, values.dtype),
+            cusparse_ok=lambda: cusparse_applicable(indptr, indices, k, values.dtype),
         )  # fmt: skip
         plan_t, lr_t, lp_t = _make_plan(
             indptr_t, nnz, k, prof_t, transpose_algorithm, split_chunk, m, itemsize,
-            cusparse_ok=lambda: cusparse_applicable(indices_t, m, values.dtype),
+            cusparse_ok=lambda: cusparse_applicable(indptr_t, indices_t, m, values.dtype),
         )  # fmt: skip
         slab_ok = np.dtype(values.dtype) in (np.dtype(np.float32), np.dtype(np.float64))
         if slabs and not slab_ok:

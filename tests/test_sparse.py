@@ -133,7 +133,7 @@ def test_cusparse_plan_rule():
     A = jsparse.BCSR(
         (jnp.asarray(vals, jnp.float32), jnp.asarray(bad), jnp.asarray(indptr, jnp.int32)), shape=(m, m)
     )
-    assert not sparse.cusparse_applicable(A.indices, m, np.float32)
+    assert not sparse.cusparse_applicable(A.indptr, A.indices, m, np.float32)
     pair = sparse.csr_pair(A)
     assert pair.plan.algorithm == "split"
     keep = np.ones(indptr[-1], bool)
@@ -154,6 +154,22 @@ def test_cusparse_plan_rule():
 
     assert _rel(jax.jit(traced)(good, x), ref @ np.asarray(x, np.float64)) < 1e-5
     assert plans == ["vector"]
+    # a padded BCOO stores its padding past indptr[M] (column 0, in range), and so does its transpose: not a
+    # standard CSR, so split on both sides; results exclude the padding
+    coo = ref.tocoo()
+    pad = 7
+    data = jnp.asarray(np.concatenate([coo.data, np.full(pad, 5.0)]), jnp.float32)
+    idx = np.concatenate(
+        [np.stack([coo.row, coo.col], 1), np.full((pad, 2), [m, 0])]  # row m: out of range, padding
+    ).astype(np.int32)
+    padded = sparse.csr_pair(jsparse.BCOO((data, jnp.asarray(idx)), shape=(m, m)))
+    assert padded.plan.algorithm == "split" and padded.nnz == coo.nnz + pad
+    assert _rel(padded.matvec(x), ref @ np.asarray(x, np.float64)) < 1e-5
+    assert _rel(padded.rmatvec(x), ref.T @ np.asarray(x, np.float64)) < 1e-5
+    # N = 0 on the cusparse plan: an empty product (runs as split)
+    pair = sparse.csr_pair(good)
+    assert pair.plan.algorithm == "cusparse"
+    assert pair.matmat(jnp.zeros((m, 0), jnp.float32)).shape == (m, 0)
 
 
 def test_profile_dispatch_rules():

@@ -30,14 +30,16 @@
 // row blocks (SegmentRowsPerCta(G) rows per CTA per step), so a segment with at least one launched CTA is fully
 // written. Rows outside every such segment are not written (Python's table covers [0, M) in order); the CPU
 // twin writes exactly the same rows. N > 1 on the 16-byte path uses the same table and CTAs (the slots kernel per
-// segment, S from the segment's average row); other N > 1 run the group kernel over all rows.
+// segment, S from the segment's average row) and likewise writes only the table's rows; other N > 1 (the group
+// kernel) and the CPU twin's N > 1 write every row. Python's table always covers [0, M), where they agree.
 //
 // cuSPARSE (N == 1, f32/f64 only): cusparseSpMV with CSR_ALG2, cuSPARSE's deterministic CSR algorithm (bitwise
-// repeatable; its default algorithm is not, on power-law rows). cuSPARSE reads every entry in the rows' ranges, so
-// Python picks this plan only for a CSR whose column indices it checked to be in [0, K) and whose indptr is
-// monotone (a CSRPair built from concrete arrays). The workspace holds a zero (the beta of a call without y) in
-// its first kCusparseZeroBytes and cuSPARSE's buffer after it; a workspace smaller than cuSPARSE asks for is an
-// error. The CPU twin runs its row loop. long_rows/long_ptr (the split lists, for N > 1) are not read.
+// repeatable; its default algorithm is not, on power-law rows). cuSPARSE takes the buffers as a standard CSR of
+// nnz entries, so Python picks this plan only for a CSR it checked on concrete arrays (a CSRPair build): indptr
+// monotone with indptr[0] == 0 and indptr[M] == nnz (no padding stored past the rows), every column in [0, K). The
+// workspace holds a zero (the beta of a call without y) in its first kCusparseZeroBytes and cuSPARSE's buffer after it;
+// a workspace smaller than cuSPARSE asks for is an error. The CPU twin runs its row loop. long_rows/long_ptr (the split
+// lists, for N > 1) are not read.
 #pragma once
 
 #include <cstdint>
@@ -168,8 +170,8 @@ inline ffi::ErrorOr<SpmmShape> CheckSpmmArgs(const ffi::AnyBuffer& indptr, const
   }
   if (algorithm < kVector || algorithm > kCusparse) return fail("unknown algorithm " + std::to_string(algorithm));
   if (algorithm == kCusparse) {
-    if (s.n != 1 || (s.dtype != ffi::DataType::F32 && s.dtype != ffi::DataType::F64))
-      return fail("the cusparse plan needs N = 1 and f32 or f64 values, got N = " + std::to_string(s.n) + " and " +
+    if (s.n > 1 || (s.dtype != ffi::DataType::F32 && s.dtype != ffi::DataType::F64))
+      return fail("the cusparse plan needs N <= 1 and f32 or f64 values, got N = " + std::to_string(s.n) + " and " +
                   DTypeName(s.dtype));
     if (static_cast<int64_t>(ws.size_bytes()) < kCusparseZeroBytes)
       return fail("the cusparse plan needs a workspace of at least " + std::to_string(kCusparseZeroBytes) + " bytes");
