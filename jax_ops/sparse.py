@@ -64,7 +64,7 @@ _ALG_CODE = {"vector": 0, "warp": 0, "cta": 1, "split": 2, "stream": 3, "segment
 # 166.0 with a preprocess kept across calls (not possible without handler state); the default algorithm 166.5 is
 # not bitwise repeatable there (19 of 19 runs differed). Where split is not chosen CSR_ALG2 was slower than the
 # row-block kernels (bundle Ax 99 vs 72 µs, ba-like Aᵀu 62.5 vs 46.5) or equal (uniform, power-law Aᵀu).
-_CUSPARSE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_F32_F64 = (np.dtype(np.float32), np.dtype(np.float64))  # the dtypes of the slab and cusparse paths
 _CUSPARSE_ZERO_BYTES = 256  # kCusparseZeroBytes in spmm_params.h
 # Segmented (row-class) plan: rows are classified in chunks of DEFAULT_SEGMENT_ROWS rows (each chunk's G from its own
 # average, _vector_group), adjacent chunks with the same G merged into segments. 4096 rows per chunk: H200 --tails,
@@ -608,7 +608,7 @@ def cusparse_applicable(indptr, indices, k: int, dtype) -> bool:
     rows: a padded BCOO or its transpose keeps split) and every column index in [0, K) (checked on the device).
     cuSPARSE reads every stored entry as part of a row, so an entry the kernels skip must not reach it."""
     if (
-        np.dtype(dtype) not in _CUSPARSE_DTYPES
+        np.dtype(dtype) not in _F32_F64
         or k <= 0
         or indices.shape[0] == 0
         or indptr.shape[0] < 2
@@ -1094,7 +1094,7 @@ class CSRPair:
             indptr_t, nnz, k, prof_t, transpose_algorithm, split_chunk, m, itemsize,
             cusparse_ok=lambda: cusparse_applicable(indptr_t, indices_t, m, values.dtype),
         )  # fmt: skip
-        slab_ok = np.dtype(values.dtype) in (np.dtype(np.float32), np.dtype(np.float64))
+        slab_ok = np.dtype(values.dtype) in _F32_F64
         if slabs and not slab_ok:
             raise ValueError(
                 f"slabs=True needs float32 or float64 values, got {np.dtype(values.dtype)} (half types use CSR(Aᵀ))"

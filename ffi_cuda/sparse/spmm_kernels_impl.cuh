@@ -692,10 +692,11 @@ __global__ void __launch_bounds__(kThreads, kSegmentedMinBlocks) SpmvSegmentedKe
   }
 }
 
+// A segmented kernel (SpMV or SpMM) on its grid: one CTA per entry of the table's CTA prefix (chunk CTAs).
 template <typename T, typename Acc>
-cudaError_t LaunchSegmented(cudaStream_t stream, const SpmmArgs<T, Acc>& a) {
+cudaError_t LaunchOnSegments(void (*kernel)(SpmmArgs<T, Acc>), cudaStream_t stream, const SpmmArgs<T, Acc>& a) {
   if (a.chunk < 1 || a.chunk > 0x7fffffff || a.num_long < 1) return cudaErrorInvalidConfiguration;
-  SpmvSegmentedKernel<T, Acc><<<static_cast<unsigned>(a.chunk), kThreads, 0, stream>>>(a);
+  kernel<<<static_cast<unsigned>(a.chunk), kThreads, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -757,7 +758,7 @@ cudaError_t LaunchCsrSpmm(cudaStream_t stream, const SpmmArgs<T, Acc>& a, bool v
   const bool split = a.algorithm == kSplit && a.num_long > 0 && a.units > 0;
   cudaError_t err = cudaSuccess;
   if (a.n == 1) {
-    if (a.algorithm == kSegmented) return LaunchSegmented<T, Acc>(stream, a);
+    if (a.algorithm == kSegmented) return LaunchOnSegments<T, Acc>(&SpmvSegmentedKernel<T, Acc>, stream, a);
     if (a.algorithm == kStream) {
       const int64_t blocks = (a.m + a.chunk - 1) / a.chunk;
       if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
@@ -799,11 +800,8 @@ cudaError_t LaunchCsrSpmm(cudaStream_t stream, const SpmmArgs<T, Acc>& a, bool v
             return cudaGetLastError();
           });
         };
-        if (a.algorithm == kSegmented) {
-          if (a.chunk < 1 || a.chunk > 0x7fffffff || a.num_long < 1) return cudaErrorInvalidConfiguration;
-          SpmmSegmentedSlotsKernel<T, Acc, G, kVec16><<<static_cast<unsigned>(a.chunk), kThreads, 0, stream>>>(a);
-          return cudaGetLastError();
-        }
+        if (a.algorithm == kSegmented)
+          return LaunchOnSegments<T, Acc>(&SpmmSegmentedSlotsKernel<T, Acc, G, kVec16>, stream, a);
         cudaError_t e = slots(SlotsFor(static_cast<double>(a.nnz) / a.m, G), a.m, std::false_type{});
         if (e == cudaSuccess && split) e = slots(SlotsFor(static_cast<double>(a.chunk), G), a.units, std::true_type{});
         if (e != cudaSuccess) return e;
