@@ -1,6 +1,7 @@
 """Fused LSMR vector recurrences (internal kernels of ``jax_ops.lsmr``; public for testing and benchmarks).
 
-Both functions take float32 or float64 vectors of shape ``[..., n]`` and coefficients that are scalars or arrays
+``h_hbar_x_update`` is one LSMR iteration's vector update (what the solver runs); ``hbar_x_update`` and
+``h_update`` are its two halves. All three take float32 or float64 vectors of shape ``[..., n]`` and coefficients that are scalars or arrays
 of the vectors' leading shape ``[...]`` (one coefficient per row, as a block LSMR needs). Coefficients are
 run-time values (device buffers), so they can come from inside ``jax.lax.while_loop``. Results are aliased to
 the updated inputs (``hbar``/``x``, ``h``): under ``jit`` with donated inputs, or inside a loop carry, the
@@ -76,3 +77,25 @@ def h_update(v, h, c_v, *, implementation: str | None = None) -> jax.Array:
         return reference.lsmr_h_update(v, h, c_v)
     out = jax.ShapeDtypeStruct(h.shape, h.dtype)
     return _ffi.ffi_call("jax_ops_lsmr_h", out, v, h, c_v, input_output_aliases={1: 0})
+
+
+def h_hbar_x_update(v, h, hbar, x, c_h, c_x, c_v, *, implementation: str | None = None):
+    """Returns ``(h', hbar', x')`` in one pass: ``hbar' = h - c_h*hbar``, ``x' = x + c_x*hbar'`` (both from the
+    old ``h``) and ``h' = v - c_v*h``; bitwise equal to :func:`hbar_x_update` then :func:`h_update`.
+
+    Results alias ``h``, ``hbar``, ``x``. Arguments as in :func:`hbar_x_update`.
+    """
+    _checks.check_implementation(implementation)
+    v, h, hbar, x = _vectors(v=v, h=h, hbar=hbar, x=x)
+    c_h, c_x, c_v = (_coefficient(name, c, v) for name, c in (("c_h", c_h), ("c_x", c_x), ("c_v", c_v)))
+    if implementation == "xla":
+        return reference.lsmr_h_hbar_x_update(v, h, hbar, x, c_h, c_x, c_v)
+    out = jax.ShapeDtypeStruct(h.shape, h.dtype)
+    return tuple(
+        _ffi.ffi_call(
+            "jax_ops_lsmr_h_hbar_x",
+            (out, out, out),
+            v, h, hbar, x, c_h, c_x, c_v,
+            input_output_aliases={1: 0, 2: 1, 3: 2},
+        )
+    )  # fmt: skip

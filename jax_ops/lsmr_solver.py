@@ -14,8 +14,8 @@ Design (see ``docs/lsmr.md`` for the full story):
   its own. A converged column is frozen (its scalars by ``jnp.where``, its ``x`` by zero coefficients of the
   fused update); the loop runs until every column is done.
 * Per iteration: ``u <- A v - alpha u`` and ``v <- A^T u - beta v`` (a fused matvec-with-beta when the operator
-  has one), two norms, the scalar rotations, then the fused kernels ``lsmr_kernels.hbar_x_update`` and
-  ``lsmr_kernels.h_update``.
+  has one), two norms, the scalar rotations, then the fused kernel ``lsmr_kernels.h_hbar_x_update`` (h, hbar
+  and x in one pass).
 * ``unroll`` guarded iterations per ``while_loop`` trip amortise the loop-condition round trip on GPUs; the
   result does not depend on it (a finished column is frozen inside the trip).
 
@@ -474,14 +474,13 @@ def _step(spec, leaves, cp, normb, st, implementation):
     zeta = cbar * st["zetabar"]
     zetabar = -sbar * st["zetabar"]
 
-    # h, hbar, x (fused kernels); zero coefficients freeze a finished column's x exactly.
+    # h, hbar, x (one fused kernel); zero coefficients freeze a finished column's x exactly.
     c_h = jnp.where(active, thetabar * rho / (rhoold * rhobarold), 0).astype(dt)
     c_x = jnp.where(active, zeta / (rho * rhobar), 0).astype(dt)
     c_v = jnp.where(active, thetanew / rho, 0).astype(dt)
-    hbar, x = lsmr_kernels.hbar_x_update(
-        st["h"], st["hbar"], st["x"], c_h, c_x, implementation=_fused(implementation)
+    h, hbar, x = lsmr_kernels.h_hbar_x_update(
+        v, st["h"], st["hbar"], st["x"], c_h, c_x, c_v, implementation=_fused(implementation)
     )
-    h = lsmr_kernels.h_update(v, st["h"], c_v, implementation=_fused(implementation))
 
     # Estimate ||r||.
     betadd = st["betadd"]

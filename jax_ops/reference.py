@@ -16,6 +16,12 @@ def lsmr_h_update(v: jax.Array, h: jax.Array, c_v: jax.Array) -> jax.Array:
     return v - c_v[..., None] * h
 
 
+def lsmr_h_hbar_x_update(v, h, hbar, x, c_h, c_x, c_v):
+    """(h', hbar', x'): hbar' and x' as in lsmr_hbar_x_update (from the old h), then h' = v - c_v * h."""
+    hbar_new, x_new = lsmr_hbar_x_update(h, hbar, x, c_h, c_x)
+    return lsmr_h_update(v, h, c_v), hbar_new, x_new
+
+
 def dot_product_attention(
     q: jax.Array,
     k: jax.Array,

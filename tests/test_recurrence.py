@@ -58,6 +58,49 @@ def test_h_update_matches_reference(n, dtype, x64):
     _assert_close(out, ref, dtype)
 
 
+@pytest.mark.parametrize("shape", [(0,), (1,), (7,), (1_000_003,), (3, 101)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_h_hbar_x_update_matches_reference_and_the_two_halves(shape, dtype, x64):
+    rng = np.random.default_rng(shape[-1] + 2)
+    v, h, hbar, x = _inputs(rng, shape, dtype, 4)
+    c_h, c_x, c_v = (jnp.asarray(rng.standard_normal(shape[:-1]).astype(dtype)) for _ in range(3))
+    h_new, hbar_new, x_new = jax.jit(lsmr_kernels.h_hbar_x_update)(v, h, hbar, x, c_h, c_x, c_v)
+    ref_hbar, ref_x = _ref_hbar_x(h, hbar, x, c_h, c_x)
+    ref_h = np.asarray(v, np.float64) - np.asarray(c_v, np.float64)[..., None] * np.asarray(h, np.float64)
+    _assert_close(h_new, ref_h, dtype)
+    _assert_close(hbar_new, ref_hbar, dtype)
+    _assert_close(x_new, ref_x, dtype)
+    # The solver's update replaced the two halves: same expressions, so bitwise the same.
+    two_hbar, two_x = jax.jit(lsmr_kernels.hbar_x_update)(h, hbar, x, c_h, c_x)
+    two_h = jax.jit(lsmr_kernels.h_update)(v, h, c_v)
+    for one, two in ((h_new, two_h), (hbar_new, two_hbar), (x_new, two_x)):
+        np.testing.assert_array_equal(np.asarray(one), np.asarray(two))
+
+
+def test_h_hbar_x_update_in_place_vmap_and_errors():
+    rng = np.random.default_rng(11)
+    v, h, hbar, x = _inputs(rng, (4, 37), np.float32, 4)
+    c = [jnp.asarray(rng.standard_normal(4).astype(np.float32)) for _ in range(3)]
+    f = jax.jit(lsmr_kernels.h_hbar_x_update, donate_argnums=(1, 2, 3))
+    hlo = f.lower(v, h, hbar, x, *c).as_text()
+    aliases = re.findall(r"output_operand_alias<output_tuple_indices = \[(\d)\], operand_index = (\d)", hlo)
+    assert sorted(aliases) == [("0", "1"), ("1", "2"), ("2", "3")]
+    ref = lsmr_kernels.h_hbar_x_update(v, h, hbar, x, *c, implementation="xla")
+    ref = [np.asarray(r, np.float64) for r in ref]
+    out = jax.vmap(lsmr_kernels.h_hbar_x_update)(v, h, hbar, x, *c)
+    for o, r in zip(out, ref):
+        _assert_close(o, r, np.float32)
+    out = f(v, h, hbar, x, *c)
+    assert h.is_deleted() and hbar.is_deleted() and x.is_deleted()
+    for o, r in zip(out, ref):
+        _assert_close(o, r, np.float32)
+    f32 = jnp.ones(4, jnp.float32)
+    with pytest.raises(ValueError, match="x has shape"):
+        lsmr_kernels.h_hbar_x_update(f32, f32, f32, jnp.ones(5, jnp.float32), 1.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="c_v must be a scalar"):
+        lsmr_kernels.h_hbar_x_update(f32, f32, f32, f32, 1.0, 1.0, jnp.ones(2, jnp.float32))
+
+
 def test_python_scalar_coefficients_and_xla_path_agree():
     rng = np.random.default_rng(0)
     h, hbar, x = _inputs(rng, (33,), np.float32, 3)

@@ -65,6 +65,29 @@ def test_small_h_update_cuda(shape):
     assert _rel(c_out, ref) <= TOL[np.float32]
 
 
+@pytest.mark.parametrize("shape", SMALL_SHAPES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_small_h_hbar_x_cuda_matches_cpu_twin_and_reference(shape, dtype, x64):
+    rng = np.random.default_rng(sum(shape) + 5)
+    v, h, hbar, x = (rng.standard_normal(shape).astype(dtype) for _ in range(4))
+    h = hbar + 1.0 + np.abs(h)  # every result differs from every input, so a skipped element shows
+    c_h, c_x, c_v = (np.asarray(rng.standard_normal(shape[:-1]) + 1.0, dtype) for _ in range(3))
+    g, c = _run_both(lsmr_kernels.h_hbar_x_update, v, h, hbar, x, c_h, c_x, c_v)
+    f64 = lambda a: np.asarray(a, np.float64)
+    ref_hbar = f64(h) - f64(c_h)[..., None] * f64(hbar)
+    ref_x = f64(x) + f64(c_x)[..., None] * ref_hbar
+    ref_h = f64(v) - f64(c_v)[..., None] * f64(h)
+    for out_g, out_c, ref in zip(g, c, (ref_h, ref_hbar, ref_x)):
+        assert _rel(out_g, ref) <= TOL[dtype]
+        assert _rel(out_g, f64(out_c)) <= 2 * TOL[dtype]
+    # bitwise the two separate kernels on the GPU (what the solver ran before)
+    with jax.default_device(_gpu()):
+        two_hbar, two_x = jax.jit(lsmr_kernels.hbar_x_update)(h, hbar, x, c_h, c_x)
+        two_h = jax.jit(lsmr_kernels.h_update)(v, h, c_v)
+    for one, two in zip(g, (two_h, two_hbar, two_x)):
+        np.testing.assert_array_equal(np.asarray(one), np.asarray(two))
+
+
 def test_small_in_place_with_donation_on_gpu():
     rng = np.random.default_rng(8)
     h, hbar, x = (jax.device_put(rng.standard_normal(4099).astype(np.float32), _gpu()) for _ in range(3))

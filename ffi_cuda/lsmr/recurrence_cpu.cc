@@ -44,6 +44,14 @@ ffi::Error HCpu(ffi::AnyBuffer v, ffi::AnyBuffer h, ffi::AnyBuffer c_v, ffi::Res
   return RunOnHost<HUpdate>({&v, &h}, {&*h_out}, {&c_v}, {&v, &h, &*h_out}, {"v", "h", "h_out"}, {"c_v"});
 }
 
+ffi::Error HHbarXCpu(ffi::AnyBuffer v, ffi::AnyBuffer h, ffi::AnyBuffer hbar, ffi::AnyBuffer x, ffi::AnyBuffer c_h,
+                     ffi::AnyBuffer c_x, ffi::AnyBuffer c_v, ffi::Result<ffi::AnyBuffer> h_out,
+                     ffi::Result<ffi::AnyBuffer> hbar_out, ffi::Result<ffi::AnyBuffer> x_out) {
+  return RunOnHost<HHbarXUpdate>({&v, &h, &hbar, &x}, {&*h_out, &*hbar_out, &*x_out}, {&c_h, &c_x, &c_v},
+                                 {&v, &h, &hbar, &x, &*h_out, &*hbar_out, &*x_out},
+                                 {"v", "h", "hbar", "x", "h_out", "hbar_out", "x_out"}, {"c_h", "c_x", "c_v"});
+}
+
 }  // namespace
 }  // namespace jax_ops::lsmr
 
@@ -62,4 +70,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrHCpu, jax_ops::lsmr::HCpu,
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrHHbarXCpu, jax_ops::lsmr::HHbarXCpu,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>());

@@ -41,6 +41,14 @@ ffi::Error HCuda(cudaStream_t stream, ffi::AnyBuffer v, ffi::AnyBuffer h, ffi::A
   return RunOnDevice<HUpdate>(stream, {&v, &h}, {&*h_out}, {&c_v}, {&v, &h, &*h_out}, {"v", "h", "h_out"}, {"c_v"});
 }
 
+ffi::Error HHbarXCuda(cudaStream_t stream, ffi::AnyBuffer v, ffi::AnyBuffer h, ffi::AnyBuffer hbar, ffi::AnyBuffer x,
+                      ffi::AnyBuffer c_h, ffi::AnyBuffer c_x, ffi::AnyBuffer c_v, ffi::Result<ffi::AnyBuffer> h_out,
+                      ffi::Result<ffi::AnyBuffer> hbar_out, ffi::Result<ffi::AnyBuffer> x_out) {
+  return RunOnDevice<HHbarXUpdate>(stream, {&v, &h, &hbar, &x}, {&*h_out, &*hbar_out, &*x_out}, {&c_h, &c_x, &c_v},
+                                   {&v, &h, &hbar, &x, &*h_out, &*hbar_out, &*x_out},
+                                   {"v", "h", "hbar", "x", "h_out", "hbar_out", "x_out"}, {"c_h", "c_x", "c_v"});
+}
+
 }  // namespace
 }  // namespace jax_ops::lsmr
 
@@ -62,5 +70,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrHCuda, jax_ops::lsmr::HCuda,
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>(),
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrHHbarXCuda, jax_ops::lsmr::HHbarXCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>(),
                               {xla::ffi::Traits::kCmdBufferCompatible});

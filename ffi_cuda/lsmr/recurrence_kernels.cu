@@ -131,6 +131,8 @@ JAX_OPS_INSTANTIATE(HbarXUpdate, float)
 JAX_OPS_INSTANTIATE(HbarXUpdate, double)
 JAX_OPS_INSTANTIATE(HUpdate, float)
 JAX_OPS_INSTANTIATE(HUpdate, double)
+JAX_OPS_INSTANTIATE(HHbarXUpdate, float)
+JAX_OPS_INSTANTIATE(HHbarXUpdate, double)
 #undef JAX_OPS_INSTANTIATE
 
 }  // namespace jax_ops::lsmr

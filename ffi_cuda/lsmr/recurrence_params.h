@@ -2,6 +2,9 @@
 //
 //   hbar_x:  hbar' = h - c_h * hbar;   x' = x + c_x * hbar'      (one pass: read h, hbar, x; write hbar, x)
 //   h:       h'    = v - c_v * h
+//   h_hbar_x: both in one pass (hbar' and x' from the old h, then h'): read v, h, hbar, x; write h, hbar, x.
+//             The LSMR loop runs this one: with the two separate kernels XLA also copies h twice per
+//             iteration (h_update overwrites the h that hbar_x reads, with no order between the two calls).
 //
 // Vectors have shape [..., n]; each coefficient has the leading shape [...] (one scalar per row), which is what
 // vmap with "broadcast_all" produces and what a block LSMR (one column per right-hand side) needs.
@@ -78,6 +81,24 @@ struct HUpdate {
 #endif
       static void Apply(const T* c, const T* in, T* out) {
     out[0] = in[0] - c[0] * in[1];
+  }
+};
+
+// The fused iteration: the same expressions as HbarXUpdate then HUpdate, so results are bitwise those of the
+// two separate kernels.
+struct HHbarXUpdate {
+  static constexpr int kIn = 4;    // v, h, hbar, x
+  static constexpr int kOut = 3;   // h', hbar', x'
+  static constexpr int kCoef = 3;  // c_h, c_x, c_v
+  template <typename T>
+#ifdef __CUDACC__
+  __host__ __device__
+#endif
+      static void Apply(const T* c, const T* in, T* out) {
+    const T hbar_new = in[1] - c[0] * in[2];
+    out[1] = hbar_new;
+    out[2] = in[3] + c[1] * hbar_new;
+    out[0] = in[0] - c[2] * in[1];
   }
 };
 
