@@ -5,7 +5,7 @@
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHbarXCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHCpu);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHHbarXCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrStepCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsSparseCsrSpmmCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsSparseSlabSpmvCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsAttentionFwdCpu);
@@ -18,7 +18,7 @@ NB_MODULE(_jax_ops_cpu, m) {
     nb::dict targets;
     targets["jax_ops_lsmr_hbar_x"] = jax_ops::HandlerCapsule(JaxOpsLsmrHbarXCpu);
     targets["jax_ops_lsmr_h"] = jax_ops::HandlerCapsule(JaxOpsLsmrHCpu);
-    targets["jax_ops_lsmr_h_hbar_x"] = jax_ops::HandlerCapsule(JaxOpsLsmrHHbarXCpu);
+    targets["jax_ops_lsmr_step"] = jax_ops::HandlerCapsule(JaxOpsLsmrStepCpu);
     targets["jax_ops_sparse_csr_spmm"] = jax_ops::HandlerCapsule(JaxOpsSparseCsrSpmmCpu);
     targets["jax_ops_sparse_slab_spmv"] = jax_ops::HandlerCapsule(JaxOpsSparseSlabSpmvCpu);
     targets["jax_ops_attention_fwd"] = jax_ops::HandlerCapsule(JaxOpsAttentionFwdCpu);

@@ -6,7 +6,7 @@
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHbarXCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHCuda);
-XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHHbarXCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrStepCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsSparseCsrSpmmCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsSparseSlabSpmvCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsAttentionFwdCuda);
@@ -20,7 +20,7 @@ NB_MODULE(_jax_ops_cuda, m) {
     nb::dict targets;
     targets["jax_ops_lsmr_hbar_x"] = jax_ops::HandlerCapsule(JaxOpsLsmrHbarXCuda);
     targets["jax_ops_lsmr_h"] = jax_ops::HandlerCapsule(JaxOpsLsmrHCuda);
-    targets["jax_ops_lsmr_h_hbar_x"] = jax_ops::HandlerCapsule(JaxOpsLsmrHHbarXCuda);
+    targets["jax_ops_lsmr_step"] = jax_ops::HandlerCapsule(JaxOpsLsmrStepCuda);
     targets["jax_ops_sparse_csr_spmm"] = jax_ops::HandlerCapsule(JaxOpsSparseCsrSpmmCuda);
     targets["jax_ops_sparse_slab_spmv"] = jax_ops::HandlerCapsule(JaxOpsSparseSlabSpmvCuda);
     targets["jax_ops_attention_fwd"] = jax_ops::HandlerCapsule(JaxOpsAttentionFwdCuda);

@@ -1,7 +1,8 @@
 """Fused LSMR vector recurrences (internal kernels of ``jax_ops.lsmr``; public for testing and benchmarks).
 
-``h_hbar_x_update`` is one LSMR iteration's vector update (what the solver runs); ``hbar_x_update`` and
-``h_update`` are its two halves. All three take float32 or float64 vectors of shape ``[..., n]`` and coefficients that are scalars or arrays
+``step_update`` is one LSMR iteration's whole vector update (what the solver runs: v's normalisation, h, hbar,
+x and the sums of squares for ||x||); ``hbar_x_update`` and ``h_update`` are its h/hbar/x part as two kernels.
+They take float32 or float64 vectors of shape ``[..., n]`` and coefficients that are scalars or arrays
 of the vectors' leading shape ``[...]`` (one coefficient per row, as a block LSMR needs). Coefficients are
 run-time values (device buffers), so they can come from inside ``jax.lax.while_loop``. Results are aliased to
 the updated inputs (``hbar``/``x``, ``h``): under ``jit`` with donated inputs, or inside a loop carry, the
@@ -79,23 +80,43 @@ def h_update(v, h, c_v, *, implementation: str | None = None) -> jax.Array:
     return _ffi.ffi_call("jax_ops_lsmr_h", out, v, h, c_v, input_output_aliases={1: 0})
 
 
-def h_hbar_x_update(v, h, hbar, x, c_h, c_x, c_v, *, implementation: str | None = None):
-    """Returns ``(h', hbar', x')`` in one pass: ``hbar' = h - c_h*hbar``, ``x' = x + c_x*hbar'`` (both from the
-    old ``h``) and ``h' = v - c_v*h``; bitwise equal to :func:`hbar_x_update` then :func:`h_update`.
+def square_partials(n: int, dtype) -> int:
+    """Length of the last axis of :func:`step_update`'s ``partials`` (the CUDA kernel's CTAs per row; mirrors
+    ``SquarePartials`` in ffi_cuda/lsmr/recurrence_params.h)."""
+    per_cta = 256 * (16 // np.dtype(dtype).itemsize)
+    return 1 if n == 0 else -(-n // per_cta)
 
-    Results alias ``h``, ``hbar``, ``x``. Arguments as in :func:`hbar_x_update`.
+
+def step_update(vb, v, h, hbar, x, s_v, keep_v, c_h, c_x, c_v, *, implementation: str | None = None):
+    """One LSMR iteration's vector update after its two products, in one pass.
+
+    Returns ``(v', h', hbar', x', partials)`` with ``v' = v if keep_v else vb*s_v``, ``hbar' = h - c_h*hbar``,
+    ``x' = x + c_x*hbar'`` and ``h' = v' - c_v*h`` (bitwise the same as XLA's ``jnp.where(keep_v, v, vb*s_v)``
+    followed by :func:`hbar_x_update` and :func:`h_update`), and ``partials`` ``[..., square_partials(n)]``
+    whose sum over the last axis is ``sum(x'**2)`` (accumulated in float64 inside each partial).
+
+    Args:
+      vb, v, h, hbar, x: float32 or float64 arrays of one shape ``[..., n]``; results alias v, h, hbar, x.
+      s_v, c_h, c_x, c_v: coefficients (Python scalars or arrays of the vectors' dtype, shape ``()`` or ``[...]``).
+      keep_v: a coefficient of the same kind: nonzero keeps ``v`` (SciPy's ``beta == 0`` case), 0 takes
+        ``vb*s_v``.
+      implementation: ``None``/``"ffi"`` (the kernel) or ``"xla"`` (the jnp reference).
     """
     _checks.check_implementation(implementation)
-    v, h, hbar, x = _vectors(v=v, h=h, hbar=hbar, x=x)
-    c_h, c_x, c_v = (_coefficient(name, c, v) for name, c in (("c_h", c_h), ("c_x", c_x), ("c_v", c_v)))
+    vb, v, h, hbar, x = _vectors(vb=vb, v=v, h=h, hbar=hbar, x=x)
+    coefs = [
+        _coefficient(name, c, vb)
+        for name, c in (("s_v", s_v), ("keep_v", keep_v), ("c_h", c_h), ("c_x", c_x), ("c_v", c_v))
+    ]
     if implementation == "xla":
-        return reference.lsmr_h_hbar_x_update(v, h, hbar, x, c_h, c_x, c_v)
+        return reference.lsmr_step_update(vb, v, h, hbar, x, *coefs)
     out = jax.ShapeDtypeStruct(h.shape, h.dtype)
+    partials = jax.ShapeDtypeStruct((*h.shape[:-1], square_partials(h.shape[-1], h.dtype)), h.dtype)
     return tuple(
         _ffi.ffi_call(
-            "jax_ops_lsmr_h_hbar_x",
-            (out, out, out),
-            v, h, hbar, x, c_h, c_x, c_v,
-            input_output_aliases={1: 0, 2: 1, 3: 2},
+            "jax_ops_lsmr_step",
+            (out, out, out, out, partials),
+            vb, v, h, hbar, x, *coefs,
+            input_output_aliases={1: 0, 2: 1, 3: 2, 4: 3},
         )
     )  # fmt: skip

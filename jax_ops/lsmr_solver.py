@@ -14,8 +14,8 @@ Design (see ``docs/lsmr.md`` for the full story):
   its own. A converged column is frozen (its scalars by ``jnp.where``, its ``x`` by zero coefficients of the
   fused update); the loop runs until every column is done.
 * Per iteration: ``u <- A v - alpha u`` and ``v <- A^T u - beta v`` (a fused matvec-with-beta when the operator
-  has one), two norms, the scalar rotations, then the fused kernel ``lsmr_kernels.h_hbar_x_update`` (h, hbar
-  and x in one pass).
+  has one), two norms, the scalar rotations, then one fused kernel, ``lsmr_kernels.step_update`` (v's
+  normalisation, h, hbar, x and the squares behind ``||x||`` in one pass).
 * ``unroll`` guarded iterations per ``while_loop`` trip amortise the loop-condition round trip on GPUs; the
   result does not depend on it (a finished column is frozen inside the trip).
 
@@ -327,6 +327,13 @@ def _norm(x):
     return jnp.sqrt(jnp.sum(x * x, axis=-1))
 
 
+def _norm_from_squares(partials):
+    """Row norms from partial sums of squares [k, p] (summed in float64 for float32 when x64 is enabled)."""
+    if partials.dtype == jnp.float32 and jax.config.jax_enable_x64:
+        return jnp.sqrt(jnp.sum(partials.astype(jnp.float64), axis=-1)).astype(jnp.float32)
+    return jnp.sqrt(jnp.sum(partials, axis=-1))
+
+
 def _sym_ortho(a, b):
     """SciPy's _sym_ortho (stable Givens rotation), elementwise: returns c, s, r with [c s; -s c][a; b] = [r; 0]."""
     one = jnp.ones_like(a)
@@ -458,7 +465,9 @@ def _step(spec, leaves, cp, normb, st, implementation):
     vb = spec.rmv_axpby(leaves, u, v, beta, cp)
     alpha_raw = _norm(vb)
     alpha = jnp.where(pos_b, alpha_raw, alpha)
-    v = jnp.where(pos_b[:, None], vb * jnp.where(alpha_raw > 0, 1 / alpha_raw, 1)[:, None], v)
+    # v = vb / alpha (kept when beta = 0) is applied by the fused update below.
+    s_v = jnp.where(alpha_raw > 0, 1 / alpha_raw, 1).astype(dt)
+    keep_v = (~pos_b).astype(dt)
 
     # Rotations.
     chat, shat, alphahat = _sym_ortho(st["alphabar"], cp.damp)
@@ -474,12 +483,12 @@ def _step(spec, leaves, cp, normb, st, implementation):
     zeta = cbar * st["zetabar"]
     zetabar = -sbar * st["zetabar"]
 
-    # h, hbar, x (one fused kernel); zero coefficients freeze a finished column's x exactly.
+    # v, h, hbar, x and the squares of x in one fused kernel; zero coefficients freeze a finished column's x.
     c_h = jnp.where(active, thetabar * rho / (rhoold * rhobarold), 0).astype(dt)
     c_x = jnp.where(active, zeta / (rho * rhobar), 0).astype(dt)
     c_v = jnp.where(active, thetanew / rho, 0).astype(dt)
-    h, hbar, x = lsmr_kernels.h_hbar_x_update(
-        v, st["h"], st["hbar"], st["x"], c_h, c_x, c_v, implementation=_fused(implementation)
+    v, h, hbar, x, x_squares = lsmr_kernels.step_update(
+        vb, v, st["h"], st["hbar"], st["x"], s_v, keep_v, c_h, c_x, c_v, implementation=_fused(implementation)
     )
 
     # Estimate ||r||.
@@ -508,7 +517,7 @@ def _step(spec, leaves, cp, normb, st, implementation):
 
     # Convergence tests (SciPy's order: later tests win).
     normar = jnp.abs(zetabar)
-    normx = _norm(x)
+    normx = _norm_from_squares(x_squares)
     test1 = normr / normb
     nr = normA * normr
     test2 = jnp.where(nr != 0, normar / jnp.where(nr != 0, nr, 1), jnp.inf)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 
 def lsmr_hbar_x_update(h: jax.Array, hbar: jax.Array, x: jax.Array, c_h: jax.Array, c_x: jax.Array):
@@ -16,10 +17,14 @@ def lsmr_h_update(v: jax.Array, h: jax.Array, c_v: jax.Array) -> jax.Array:
     return v - c_v[..., None] * h
 
 
-def lsmr_h_hbar_x_update(v, h, hbar, x, c_h, c_x, c_v):
-    """(h', hbar', x'): hbar' and x' as in lsmr_hbar_x_update (from the old h), then h' = v - c_v * h."""
+def lsmr_step_update(vb, v, h, hbar, x, s_v, keep_v, c_h, c_x, c_v):
+    """(v', h', hbar', x', partials): v' = where(keep_v, v, vb * s_v), then lsmr_hbar_x_update and
+    lsmr_h_update with v'; partials [..., 1] = sum(x'**2) (in float64 when x64 is on)."""
+    v_new = jnp.where(keep_v[..., None] != 0, v, vb * s_v[..., None])
     hbar_new, x_new = lsmr_hbar_x_update(h, hbar, x, c_h, c_x)
-    return lsmr_h_update(v, h, c_v), hbar_new, x_new
+    acc = jnp.float64 if jax.config.jax_enable_x64 else x_new.dtype
+    squares = jnp.sum(jnp.square(x_new.astype(acc)), axis=-1, keepdims=True).astype(x_new.dtype)
+    return v_new, lsmr_h_update(v_new, h, c_v), hbar_new, x_new, squares
 
 
 def dot_product_attention(
@@ -43,7 +48,6 @@ def dot_product_attention(
     Returns ``(o [B,T,N,D] in q's dtype, lse [B,N,T] float32 or float64)``; rows with no allowed key give ``o = 0`` and
     ``lse = -inf`` (and zero gradients), where ``jax.nn``'s XLA path averages ``v`` instead.
     """
-    import jax.numpy as jnp
 
     f32 = jnp.promote_types(q.dtype, jnp.float32)  # fp32 math (fp64 for float64 inputs)
     B, T, N, D = q.shape

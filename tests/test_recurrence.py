@@ -58,47 +58,75 @@ def test_h_update_matches_reference(n, dtype, x64):
     _assert_close(out, ref, dtype)
 
 
-@pytest.mark.parametrize("shape", [(0,), (1,), (7,), (1_000_003,), (3, 101)])
+def _step_inputs(rng, shape, dtype):
+    vb, v, h, hbar, x = _inputs(rng, shape, dtype, 5)
+    lead = shape[:-1]
+    s_v, c_h, c_x, c_v = (jnp.asarray(rng.standard_normal(lead).astype(dtype)) for _ in range(4))
+    keep_v = jnp.asarray((np.arange(int(np.prod(lead))).reshape(lead) % 2).astype(dtype))  # both cases
+    return vb, v, h, hbar, x, s_v, keep_v, c_h, c_x, c_v
+
+
+def _ref_step(vb, v, h, hbar, x, s_v, keep_v, c_h, c_x, c_v):
+    f64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    v_new = np.where(f64(keep_v)[..., None] != 0, f64(v), f64(vb) * f64(s_v)[..., None])
+    hbar_new, x_new = _ref_hbar_x(h, hbar, x, c_h, c_x)
+    h_new = v_new - f64(c_v)[..., None] * f64(h)
+    return v_new, h_new, hbar_new, x_new, np.sum(x_new * x_new, axis=-1)
+
+
+@pytest.mark.parametrize("shape", [(0,), (1,), (7,), (1_000_003,), (4, 101), (2, 3, 5000)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_h_hbar_x_update_matches_reference_and_the_two_halves(shape, dtype, x64):
+def test_step_update_matches_reference_and_the_separate_steps(shape, dtype, x64):
     rng = np.random.default_rng(shape[-1] + 2)
-    v, h, hbar, x = _inputs(rng, shape, dtype, 4)
-    c_h, c_x, c_v = (jnp.asarray(rng.standard_normal(shape[:-1]).astype(dtype)) for _ in range(3))
-    h_new, hbar_new, x_new = jax.jit(lsmr_kernels.h_hbar_x_update)(v, h, hbar, x, c_h, c_x, c_v)
-    ref_hbar, ref_x = _ref_hbar_x(h, hbar, x, c_h, c_x)
-    ref_h = np.asarray(v, np.float64) - np.asarray(c_v, np.float64)[..., None] * np.asarray(h, np.float64)
-    _assert_close(h_new, ref_h, dtype)
-    _assert_close(hbar_new, ref_hbar, dtype)
-    _assert_close(x_new, ref_x, dtype)
-    # The solver's update replaced the two halves: same expressions, so bitwise the same.
+    args = _step_inputs(rng, shape, dtype)
+    v_new, h_new, hbar_new, x_new, partials = jax.jit(lsmr_kernels.step_update)(*args)
+    ref = _ref_step(*args)
+    for out, r in zip((v_new, h_new, hbar_new, x_new), ref):
+        _assert_close(out, r, dtype)
+    assert partials.shape == (*shape[:-1], lsmr_kernels.square_partials(shape[-1], dtype))
+    squares = np.sum(np.asarray(partials, np.float64), axis=-1)
+    np.testing.assert_allclose(squares, ref[4], rtol=10 * TOL[dtype], atol=1e-300)
+    # What the solver ran before: XLA's v update, then the two kernels. Bitwise the same.
+    vb, v, h, hbar, x, s_v, keep_v, c_h, c_x, c_v = args
+    v_xla = jax.jit(lambda: jnp.where(keep_v[..., None] != 0, v, vb * s_v[..., None]))()
     two_hbar, two_x = jax.jit(lsmr_kernels.hbar_x_update)(h, hbar, x, c_h, c_x)
-    two_h = jax.jit(lsmr_kernels.h_update)(v, h, c_v)
-    for one, two in ((h_new, two_h), (hbar_new, two_hbar), (x_new, two_x)):
+    two_h = jax.jit(lsmr_kernels.h_update)(v_xla, h, c_v)
+    for one, two in ((v_new, v_xla), (h_new, two_h), (hbar_new, two_hbar), (x_new, two_x)):
         np.testing.assert_array_equal(np.asarray(one), np.asarray(two))
 
 
-def test_h_hbar_x_update_in_place_vmap_and_errors():
+def test_step_update_in_place_vmap_xla_and_errors():
     rng = np.random.default_rng(11)
-    v, h, hbar, x = _inputs(rng, (4, 37), np.float32, 4)
-    c = [jnp.asarray(rng.standard_normal(4).astype(np.float32)) for _ in range(3)]
-    f = jax.jit(lsmr_kernels.h_hbar_x_update, donate_argnums=(1, 2, 3))
-    hlo = f.lower(v, h, hbar, x, *c).as_text()
+    args = _step_inputs(rng, (4, 37), np.float32)
+    f = jax.jit(lsmr_kernels.step_update, donate_argnums=(1, 2, 3, 4))
+    hlo = f.lower(*args).as_text()
     aliases = re.findall(r"output_operand_alias<output_tuple_indices = \[(\d)\], operand_index = (\d)", hlo)
-    assert sorted(aliases) == [("0", "1"), ("1", "2"), ("2", "3")]
-    ref = lsmr_kernels.h_hbar_x_update(v, h, hbar, x, *c, implementation="xla")
-    ref = [np.asarray(r, np.float64) for r in ref]
-    out = jax.vmap(lsmr_kernels.h_hbar_x_update)(v, h, hbar, x, *c)
-    for o, r in zip(out, ref):
-        _assert_close(o, r, np.float32)
-    out = f(v, h, hbar, x, *c)
-    assert h.is_deleted() and hbar.is_deleted() and x.is_deleted()
-    for o, r in zip(out, ref):
-        _assert_close(o, r, np.float32)
+    assert sorted(aliases) == [("0", "1"), ("1", "2"), ("2", "3"), ("3", "4")]
+    ref = _ref_step(*args)
+    xla = lsmr_kernels.step_update(*args, implementation="xla")
+    vm = jax.vmap(lsmr_kernels.step_update)(*args)
+    out = f(*args)
+    assert all(a.is_deleted() for a in args[1:5])
+    for res in (xla, vm, out):
+        for o, r in zip(res[:4], ref[:4]):
+            _assert_close(o, r, np.float32)
+        np.testing.assert_allclose(np.sum(np.asarray(res[4], np.float64), -1), ref[4], rtol=1e-5)
     f32 = jnp.ones(4, jnp.float32)
     with pytest.raises(ValueError, match="x has shape"):
-        lsmr_kernels.h_hbar_x_update(f32, f32, f32, jnp.ones(5, jnp.float32), 1.0, 1.0, 1.0)
-    with pytest.raises(ValueError, match="c_v must be a scalar"):
-        lsmr_kernels.h_hbar_x_update(f32, f32, f32, f32, 1.0, 1.0, jnp.ones(2, jnp.float32))
+        lsmr_kernels.step_update(f32, f32, f32, f32, jnp.ones(5, jnp.float32), 1.0, 0.0, 1.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="keep_v must be a scalar"):
+        lsmr_kernels.step_update(f32, f32, f32, f32, f32, 1.0, jnp.ones(2, jnp.float32), 1.0, 1.0, 1.0)
+    # The native handler checks the partials' shape (Python sizes them).
+    from jax_ops import _ffi
+
+    bad = jax.ShapeDtypeStruct((3,), jnp.float32)
+    with pytest.raises(Exception, match="partials must be float32 with shape"):
+        jax.jit(
+            lambda: _ffi.ffi_call(
+                "jax_ops_lsmr_step", (bad, bad, bad, bad, jax.ShapeDtypeStruct((2,), jnp.float32)),
+                *([jnp.ones(3, jnp.float32)] * 5), *([jnp.float32(1.0)] * 5),
+            )
+        )()  # fmt: skip
 
 
 def test_python_scalar_coefficients_and_xla_path_agree():

@@ -65,26 +65,37 @@ def test_small_h_update_cuda(shape):
     assert _rel(c_out, ref) <= TOL[np.float32]
 
 
-@pytest.mark.parametrize("shape", SMALL_SHAPES)
+@pytest.mark.parametrize("shape", SMALL_SHAPES + [(2, 100_003)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_small_h_hbar_x_cuda_matches_cpu_twin_and_reference(shape, dtype, x64):
+def test_small_step_update_cuda_matches_cpu_twin_and_reference(shape, dtype, x64):
     rng = np.random.default_rng(sum(shape) + 5)
-    v, h, hbar, x = (rng.standard_normal(shape).astype(dtype) for _ in range(4))
+    vb, v, h, hbar, x = (rng.standard_normal(shape).astype(dtype) for _ in range(5))
     h = hbar + 1.0 + np.abs(h)  # every result differs from every input, so a skipped element shows
-    c_h, c_x, c_v = (np.asarray(rng.standard_normal(shape[:-1]) + 1.0, dtype) for _ in range(3))
-    g, c = _run_both(lsmr_kernels.h_hbar_x_update, v, h, hbar, x, c_h, c_x, c_v)
-    f64 = lambda a: np.asarray(a, np.float64)
+    lead = shape[:-1]
+    s_v, c_h, c_x, c_v = (np.asarray(rng.standard_normal(lead) + 1.0, dtype) for _ in range(4))
+    keep_v = (np.arange(int(np.prod(lead))).reshape(lead) % 2).astype(dtype)  # rows keep v or take vb * s_v
+    args = (vb, v, h, hbar, x, s_v, keep_v, c_h, c_x, c_v)
+    g, c = _run_both(lsmr_kernels.step_update, *args)
+    f64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    ref_v = np.where(f64(keep_v)[..., None] != 0, f64(v), f64(vb) * f64(s_v)[..., None])
     ref_hbar = f64(h) - f64(c_h)[..., None] * f64(hbar)
     ref_x = f64(x) + f64(c_x)[..., None] * ref_hbar
-    ref_h = f64(v) - f64(c_v)[..., None] * f64(h)
-    for out_g, out_c, ref in zip(g, c, (ref_h, ref_hbar, ref_x)):
+    ref_h = ref_v - f64(c_v)[..., None] * f64(h)
+    for out_g, out_c, ref in zip(g[:4], c[:4], (ref_v, ref_h, ref_hbar, ref_x)):
         assert _rel(out_g, ref) <= TOL[dtype]
         assert _rel(out_g, f64(out_c)) <= 2 * TOL[dtype]
-    # bitwise the two separate kernels on the GPU (what the solver ran before)
+    assert g[4].shape == c[4].shape == (*lead, lsmr_kernels.square_partials(shape[-1], dtype))
+    squares = np.sum(ref_x * ref_x, axis=-1)
+    np.testing.assert_allclose(np.sum(f64(g[4]), -1), squares, rtol=10 * TOL[dtype])
+    np.testing.assert_allclose(np.sum(f64(c[4]), -1), squares, rtol=10 * TOL[dtype])
+    # bitwise what the solver ran before on the GPU: XLA's v update, then the two kernels
     with jax.default_device(_gpu()):
+        v_xla = jax.jit(lambda vb, v, s, k: jnp.where(k[..., None] != 0, v, vb * s[..., None]))(
+            vb, v, s_v, keep_v
+        )
         two_hbar, two_x = jax.jit(lsmr_kernels.hbar_x_update)(h, hbar, x, c_h, c_x)
-        two_h = jax.jit(lsmr_kernels.h_update)(v, h, c_v)
-    for one, two in zip(g, (two_h, two_hbar, two_x)):
+        two_h = jax.jit(lsmr_kernels.h_update)(v_xla, h, c_v)
+    for one, two in zip(g[:4], (v_xla, two_h, two_hbar, two_x)):
         np.testing.assert_array_equal(np.asarray(one), np.asarray(two))
 
 

@@ -10,9 +10,13 @@ template <typename Update, size_t NV, size_t NC>
 ffi::Error RunOnDevice(cudaStream_t stream, const ffi::AnyBuffer* const (&ins)[Update::kIn],
                        ffi::AnyBuffer* const (&outs)[Update::kOut], const ffi::AnyBuffer* const (&coefs)[NC],
                        const ffi::AnyBuffer* const (&vectors)[NV], const char* const (&vector_names)[NV],
-                       const char* const (&coef_names)[NC]) {
+                       const char* const (&coef_names)[NC], ffi::AnyBuffer* partials = nullptr) {
   auto shape = CheckRecurrenceArgs(vectors, vector_names, coefs, coef_names);
   if (shape.has_error()) return shape.error();
+  if (partials != nullptr) {
+    ffi::Error e = CheckPartials(*partials, *vectors[0], SquarePartialsFor(vectors[0]->element_type(), shape->n));
+    if (!e.success()) return e;
+  }
   auto props = CurrentDeviceProps();
   if (props.has_error()) return props.error();
   return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(
@@ -24,6 +28,7 @@ ffi::Error RunOnDevice(cudaStream_t stream, const ffi::AnyBuffer* const (&ins)[U
         for (int k = 0; k < Update::kCoef; ++k) args.coef[k] = static_cast<const T*>(coefs[k]->untyped_data());
         args.rows = shape->rows;
         args.n = shape->n;
+        if (partials != nullptr) args.partials = static_cast<T*>(partials->untyped_data());
         JAX_OPS_RETURN_IF_CUDA_ERROR((LaunchRowwise<Update, T>(stream, args, (*props)->sm_count)));
         return ffi::Error::Success();
       });
@@ -41,12 +46,16 @@ ffi::Error HCuda(cudaStream_t stream, ffi::AnyBuffer v, ffi::AnyBuffer h, ffi::A
   return RunOnDevice<HUpdate>(stream, {&v, &h}, {&*h_out}, {&c_v}, {&v, &h, &*h_out}, {"v", "h", "h_out"}, {"c_v"});
 }
 
-ffi::Error HHbarXCuda(cudaStream_t stream, ffi::AnyBuffer v, ffi::AnyBuffer h, ffi::AnyBuffer hbar, ffi::AnyBuffer x,
-                      ffi::AnyBuffer c_h, ffi::AnyBuffer c_x, ffi::AnyBuffer c_v, ffi::Result<ffi::AnyBuffer> h_out,
-                      ffi::Result<ffi::AnyBuffer> hbar_out, ffi::Result<ffi::AnyBuffer> x_out) {
-  return RunOnDevice<HHbarXUpdate>(stream, {&v, &h, &hbar, &x}, {&*h_out, &*hbar_out, &*x_out}, {&c_h, &c_x, &c_v},
-                                   {&v, &h, &hbar, &x, &*h_out, &*hbar_out, &*x_out},
-                                   {"v", "h", "hbar", "x", "h_out", "hbar_out", "x_out"}, {"c_h", "c_x", "c_v"});
+ffi::Error StepCuda(cudaStream_t stream, ffi::AnyBuffer vb, ffi::AnyBuffer v, ffi::AnyBuffer h, ffi::AnyBuffer hbar,
+                    ffi::AnyBuffer x, ffi::AnyBuffer s_v, ffi::AnyBuffer keep_v, ffi::AnyBuffer c_h, ffi::AnyBuffer c_x,
+                    ffi::AnyBuffer c_v, ffi::Result<ffi::AnyBuffer> v_out, ffi::Result<ffi::AnyBuffer> h_out,
+                    ffi::Result<ffi::AnyBuffer> hbar_out, ffi::Result<ffi::AnyBuffer> x_out,
+                    ffi::Result<ffi::AnyBuffer> partials) {
+  return RunOnDevice<LsmrStepUpdate>(stream, {&vb, &v, &h, &hbar, &x}, {&*v_out, &*h_out, &*hbar_out, &*x_out},
+                                     {&s_v, &keep_v, &c_h, &c_x, &c_v},
+                                     {&vb, &v, &h, &hbar, &x, &*v_out, &*h_out, &*hbar_out, &*x_out},
+                                     {"vb", "v", "h", "hbar", "x", "v_out", "h_out", "hbar_out", "x_out"},
+                                     {"s_v", "keep_v", "c_h", "c_x", "c_v"}, &*partials);
 }
 
 }  // namespace
@@ -73,17 +82,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrHCuda, jax_ops::lsmr::HCuda,
                                   .Ret<xla::ffi::AnyBuffer>(),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrHHbarXCuda, jax_ops::lsmr::HHbarXCuda,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrStepCuda, jax_ops::lsmr::StepCuda,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>(),
+                                  .Arg<xla::ffi::AnyBuffer>()   // vb
+                                  .Arg<xla::ffi::AnyBuffer>()   // v
+                                  .Arg<xla::ffi::AnyBuffer>()   // h
+                                  .Arg<xla::ffi::AnyBuffer>()   // hbar
+                                  .Arg<xla::ffi::AnyBuffer>()   // x
+                                  .Arg<xla::ffi::AnyBuffer>()   // s_v
+                                  .Arg<xla::ffi::AnyBuffer>()   // keep_v
+                                  .Arg<xla::ffi::AnyBuffer>()   // c_h
+                                  .Arg<xla::ffi::AnyBuffer>()   // c_x
+                                  .Arg<xla::ffi::AnyBuffer>()   // c_v
+                                  .Ret<xla::ffi::AnyBuffer>()   // v'
+                                  .Ret<xla::ffi::AnyBuffer>()   // h'
+                                  .Ret<xla::ffi::AnyBuffer>()   // hbar'
+                                  .Ret<xla::ffi::AnyBuffer>()   // x'
+                                  .Ret<xla::ffi::AnyBuffer>(),  // partials
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -44,6 +44,11 @@ __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NO
     const int64_t nthreads = static_cast<int64_t>(gridDim.x) * blockDim.x;
 
     // Scalar head and tail (the whole row when the pointers disagree on alignment).
+    constexpr bool kSquares = Update::kSquareOut >= 0;
+    double squares = 0;  // this thread's share of the row's sum of squares of out[kSquareOut]
+    auto add_square = [&](const T* out) {
+      if constexpr (kSquares) squares += static_cast<double>(out[Update::kSquareOut]) * out[Update::kSquareOut];
+    };
     auto scalar = [&](int64_t i) {
       T in[NIn], out[NOut];
 #pragma unroll
@@ -51,6 +56,7 @@ __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NO
       Update::Apply(c, in, out);
 #pragma unroll
       for (int k = 0; k < NOut; ++k) args.out[k][base + i] = out[k];
+      add_square(out);
     };
     for (int64_t i = tid; i < head; i += nthreads) scalar(i);
     for (int64_t i = tail_start + tid; i < args.n; i += nthreads) scalar(i);
@@ -85,10 +91,27 @@ __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NO
           Update::Apply(c, e_in, e_out);
 #pragma unroll
           for (int k = 0; k < NOut; ++k) out[k].lane[l] = e_out[k];
+          add_square(e_out);
         }
 #pragma unroll
         for (int k = 0; k < NOut; ++k) vout[k][v] = out[k];
       }
+    }
+    if constexpr (kSquares) {
+      // Fixed-order CTA sum (xor tree per warp, then warp 0 over the warps): deterministic for a given grid.
+      __shared__ double warp_sums[kThreads / 32];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) squares += __shfl_xor_sync(0xffffffffu, squares, off);
+      const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+      if (lane == 0) warp_sums[warp] = squares;
+      __syncthreads();
+      if (warp == 0) {
+        double s = lane < kThreads / 32 ? warp_sums[lane] : 0.0;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+        if (lane == 0) args.partials[row * gridDim.x + blockIdx.x] = static_cast<T>(s);
+      }
+      __syncthreads();  // warp_sums is reused by the next row
     }
   }
 }
@@ -98,7 +121,11 @@ __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NO
 template <typename Update, int kUnroll, typename T>
 cudaError_t LaunchRowwiseWith(cudaStream_t stream, const RowwiseArgs<T, Update::kIn, Update::kOut, Update::kCoef>& args,
                               int sm_count, int blocks_per_sm) {
-  if (args.rows == 0 || args.n == 0) return cudaSuccess;
+  if (args.rows == 0) return cudaSuccess;
+  if (args.n == 0) {  // no elements: every row's sum of squares is 0
+    if (Update::kSquareOut >= 0) return cudaMemsetAsync(args.partials, 0, args.rows * sizeof(T), stream);
+    return cudaSuccess;
+  }
   constexpr int64_t kElemsPerBlockStep = int64_t{kThreads} * (16 / sizeof(T)) * kUnroll;
   const int64_t per_row_blocks = (args.n + kElemsPerBlockStep - 1) / kElemsPerBlockStep;
   const int64_t grid_y = std::min<int64_t>(args.rows, 65535);
@@ -121,6 +148,7 @@ cudaError_t LaunchRowwiseWith(cudaStream_t stream, const RowwiseArgs<T, Update::
 template <typename Update, typename T>
 cudaError_t LaunchRowwise(cudaStream_t stream, const RowwiseArgs<T, Update::kIn, Update::kOut, Update::kCoef>& args,
                           int sm_count) {
+  // kUnroll = 1 and no cap: the grid's x extent is SquarePartials(n, sizeof(T)), the row length of `partials`.
   return LaunchRowwiseWith<Update, 1>(stream, args, sm_count, /*blocks_per_sm=*/0);
 }
 
@@ -131,8 +159,8 @@ JAX_OPS_INSTANTIATE(HbarXUpdate, float)
 JAX_OPS_INSTANTIATE(HbarXUpdate, double)
 JAX_OPS_INSTANTIATE(HUpdate, float)
 JAX_OPS_INSTANTIATE(HUpdate, double)
-JAX_OPS_INSTANTIATE(HHbarXUpdate, float)
-JAX_OPS_INSTANTIATE(HHbarXUpdate, double)
+JAX_OPS_INSTANTIATE(LsmrStepUpdate, float)
+JAX_OPS_INSTANTIATE(LsmrStepUpdate, double)
 #undef JAX_OPS_INSTANTIATE
 
 }  // namespace jax_ops::lsmr

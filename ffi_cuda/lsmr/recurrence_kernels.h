@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "lsmr/recurrence_params.h"
+
 namespace jax_ops::lsmr {
 
 // Pointers for one call: inputs, outputs (may alias inputs), per-row coefficients (device memory).
@@ -15,6 +17,7 @@ struct RowwiseArgs {
   const T* coef[NCoef];
   int64_t rows;
   int64_t n;
+  T* partials = nullptr;  // Update::kSquareOut >= 0: [rows, SquarePartials(n, sizeof(T))], each CTA's sum of squares
 };
 
 // Launches Update (HbarXUpdate or HUpdate) over rows x n elements. Never synchronises.

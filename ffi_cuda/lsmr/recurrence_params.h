@@ -2,15 +2,17 @@
 //
 //   hbar_x:  hbar' = h - c_h * hbar;   x' = x + c_x * hbar'      (one pass: read h, hbar, x; write hbar, x)
 //   h:       h'    = v - c_v * h
-//   h_hbar_x: both in one pass (hbar' and x' from the old h, then h'): read v, h, hbar, x; write h, hbar, x.
-//             The LSMR loop runs this one: with the two separate kernels XLA also copies h twice per
-//             iteration (h_update overwrites the h that hbar_x reads, with no order between the two calls).
+//   step:    the solver's whole update after its products (LsmrStepUpdate below): v's normalisation, both of
+//            the above and the sums of squares of x'. One pass instead of XLA's v fusion, the two kernels, two
+//            copies of h (h_update overwrites the h that hbar_x reads, with no order between the two calls) and
+//            XLA's reduction for ||x||.
 //
 // Vectors have shape [..., n]; each coefficient has the leading shape [...] (one scalar per row), which is what
 // vmap with "broadcast_all" produces and what a block LSMR (one column per right-hand side) needs.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "common/ffi_helpers.h"
 
@@ -54,12 +56,53 @@ ffi::ErrorOr<RowShape> CheckRecurrenceArgs(const ffi::AnyBuffer* const (&vectors
   return shape;
 }
 
+// Length of a row of LsmrStepUpdate's `partials`: the CUDA kernel's CTAs per row (one 16-byte vector per thread,
+// 256 threads; the launcher's grid is exactly this wide). Mirrored by jax_ops/lsmr_kernels.py.
+constexpr int64_t SquarePartials(int64_t n, int64_t itemsize) {
+  const int64_t elems_per_cta = 256 * (16 / itemsize);
+  return n == 0 ? 1 : (n + elems_per_cta - 1) / elems_per_cta;
+}
+
+inline int64_t SquarePartialsFor(ffi::DataType dtype, int64_t n) {
+  return SquarePartials(n, dtype == ffi::DataType::F64 ? 8 : 4);
+}
+
+// partials must have the vectors' dtype and shape [leading dims..., count].
+inline ffi::Error CheckPartials(const ffi::AnyBuffer& partials, const ffi::AnyBuffer& vector, int64_t count) {
+  auto dims = vector.dimensions();
+  std::vector<int64_t> want(dims.begin(), dims.end() - 1);
+  want.push_back(count);
+  auto got = partials.dimensions();
+  if (partials.element_type() != vector.element_type() || std::vector<int64_t>(got.begin(), got.end()) != want)
+    return ffi::Error::InvalidArgument(std::string("partials must be ") + DTypeName(vector.element_type()) +
+                                       " with shape " + ShapeString(want) + "; got " +
+                                       DTypeName(partials.element_type()) + " " + ShapeString(got));
+  return ffi::Error::Success();
+}
+
+// a * b rounded to T, never contracted into a neighbouring fma (the CPU twin's build does not contract).
+template <typename T>
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+    inline T MulRn(T a, T b) {
+#ifdef __CUDA_ARCH__
+  if constexpr (sizeof(T) == 4)
+    return __fmul_rn(a, b);
+  else
+    return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
 // Per-element updates, written once for the CPU twin and the CUDA kernels. `c` holds the row's coefficients,
 // `in` the element of each input, `out` receives each result.
 struct HbarXUpdate {
-  static constexpr int kIn = 3;    // h, hbar, x
-  static constexpr int kOut = 2;   // hbar', x'
-  static constexpr int kCoef = 2;  // c_h, c_x
+  static constexpr int kIn = 3;          // h, hbar, x
+  static constexpr int kOut = 2;         // hbar', x'
+  static constexpr int kCoef = 2;        // c_h, c_x
+  static constexpr int kSquareOut = -1;  // no sums of squares
   template <typename T>
 #ifdef __CUDACC__
   __host__ __device__
@@ -75,6 +118,7 @@ struct HUpdate {
   static constexpr int kIn = 2;    // v, h
   static constexpr int kOut = 1;   // h'
   static constexpr int kCoef = 1;  // c_v
+  static constexpr int kSquareOut = -1;
   template <typename T>
 #ifdef __CUDACC__
   __host__ __device__
@@ -84,21 +128,28 @@ struct HUpdate {
   }
 };
 
-// The fused iteration: the same expressions as HbarXUpdate then HUpdate, so results are bitwise those of the
-// two separate kernels.
-struct HHbarXUpdate {
-  static constexpr int kIn = 4;    // v, h, hbar, x
-  static constexpr int kOut = 3;   // h', hbar', x'
-  static constexpr int kCoef = 3;  // c_h, c_x, c_v
+// One LSMR iteration's vector work after the two products, in one pass (what the solver runs):
+//   v'    = keep_v ? v : vb * s_v          (SciPy: v = A^T u - beta v, then v *= 1/alpha unless beta = 0)
+//   hbar' = h - c_h * hbar;   x' = x + c_x * hbar';   h' = v' - c_v * h
+// plus each CTA's sum of x'^2 (the `partials` output, summed by the caller into ||x'||). The same expressions as
+// XLA's v update followed by HbarXUpdate and HUpdate, so v', h', hbar', x' are bitwise theirs: the product
+// vb * s_v is rounded on its own (MulRn), as XLA's separate fusion rounded it.
+struct LsmrStepUpdate {
+  static constexpr int kIn = 5;         // vb, v, h, hbar, x
+  static constexpr int kOut = 4;        // v', h', hbar', x'
+  static constexpr int kCoef = 5;       // s_v, keep_v (0 or 1), c_h, c_x, c_v
+  static constexpr int kSquareOut = 3;  // x': its squares are summed per CTA
   template <typename T>
 #ifdef __CUDACC__
   __host__ __device__
 #endif
       static void Apply(const T* c, const T* in, T* out) {
-    const T hbar_new = in[1] - c[0] * in[2];
-    out[1] = hbar_new;
-    out[2] = in[3] + c[1] * hbar_new;
-    out[0] = in[0] - c[2] * in[1];
+    const T v_new = c[1] != T(0) ? in[1] : MulRn(in[0], c[0]);
+    const T hbar_new = in[2] - c[2] * in[3];
+    out[0] = v_new;
+    out[1] = v_new - c[4] * in[2];
+    out[2] = hbar_new;
+    out[3] = in[4] + c[3] * hbar_new;
   }
 };
 
