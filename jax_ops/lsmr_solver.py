@@ -363,10 +363,14 @@ def _sym_ortho(a, b):
 @dataclasses.dataclass(frozen=True)
 class _LoopConfig:
     """Static loop structure: ``unroll`` guarded iterations per trip; ``pack_scalars`` carries the scalars as
-    one stacked array (``_pack``). Neither changes the results."""
+    one stacked array (``_pack``); ``fused_step`` runs the vector update after the products as one kernel
+    (``lsmr_kernels.step_update``) instead of XLA's v update, ``hbar_x_update``, ``h_update`` and XLA's
+    ``||x||`` (a benchmark A/B; bitwise the same except the summation order behind ``normx``). None of them
+    changes the iterates."""
 
     unroll: int
     pack_scalars: bool = True
+    fused_step: bool = True
 
 
 # XLA GPU command-buffer (CUDA graph) settings, as compiler_options. A repeated enum flag is given as a comma
@@ -389,11 +393,15 @@ LOOP_COMPILER_OPTIONS = COMMAND_BUFFER_OPTIONS["while"]
 GPU_UNROLL = 2
 
 # Private tuning knobs, read by lsmr() at call time (benchmarks flip them; not public API):
-#   pack_scalars: see _LoopConfig.
+#   pack_scalars, fused_step: see _LoopConfig.
 #   compiler_options: XLA options (e.g. command buffers, see COMMAND_BUFFER_OPTIONS) for a GPU solve that runs as
 #     its own top-level executable (lsmr called outside any jit); inside a caller's jit they cannot apply (JAX
 #     takes compiler options only on the top-level jit): pass them to that jit instead.
-_TUNING: dict[str, Any] = {"pack_scalars": True, "compiler_options": LOOP_COMPILER_OPTIONS}
+_TUNING: dict[str, Any] = {
+    "pack_scalars": True,
+    "fused_step": True,
+    "compiler_options": LOOP_COMPILER_OPTIONS,
+}
 
 _SCALARS = (
     "alpha", "beta", "zetabar", "alphabar", "rho", "rhobar", "cbar", "sbar", "betadd", "betad", "rhodold",
@@ -449,7 +457,7 @@ def _init(spec, leaves, B, X0, cp, implementation):
     return state, normb
 
 
-def _step(spec, leaves, cp, normb, st, implementation):
+def _step(spec, leaves, cp, normb, st, implementation, fused_step=True):
     """One guarded LSMR iteration for every column (a done column keeps its state)."""
     dt = st["x"].dtype
     active = ~st["done"]
@@ -487,9 +495,27 @@ def _step(spec, leaves, cp, normb, st, implementation):
     c_h = jnp.where(active, thetabar * rho / (rhoold * rhobarold), 0).astype(dt)
     c_x = jnp.where(active, zeta / (rho * rhobar), 0).astype(dt)
     c_v = jnp.where(active, thetanew / rho, 0).astype(dt)
-    v, h, hbar, x, x_squares = lsmr_kernels.step_update(
-        vb, v, st["h"], st["hbar"], st["x"], s_v, keep_v, c_h, c_x, c_v, implementation=_fused(implementation)
-    )
+    if fused_step:
+        v, h, hbar, x, x_squares = lsmr_kernels.step_update(
+            vb,
+            v,
+            st["h"],
+            st["hbar"],
+            st["x"],
+            s_v,
+            keep_v,
+            c_h,
+            c_x,
+            c_v,
+            implementation=_fused(implementation),
+        )
+    else:
+        v = jnp.where(keep_v[:, None] != 0, v, vb * s_v[:, None])
+        hbar, x = lsmr_kernels.hbar_x_update(
+            st["h"], st["hbar"], st["x"], c_h, c_x, implementation=_fused(implementation)
+        )
+        h = lsmr_kernels.h_update(v, st["h"], c_v, implementation=_fused(implementation))
+        x_squares = None
 
     # Estimate ||r||.
     betadd = st["betadd"]
@@ -517,7 +543,7 @@ def _step(spec, leaves, cp, normb, st, implementation):
 
     # Convergence tests (SciPy's order: later tests win).
     normar = jnp.abs(zetabar)
-    normx = _norm_from_squares(x_squares)
+    normx = _norm(x) if x_squares is None else _norm_from_squares(x_squares)
     test1 = normr / normb
     nr = normA * normr
     test2 = jnp.where(nr != 0, normar / jnp.where(nr != 0, nr, 1), jnp.inf)
@@ -580,7 +606,7 @@ def _solve_block(spec, has_x0, loop, implementation, leaves, B, X0, cp):
     def body(st):
         st = unpack(st)
         for _ in range(loop.unroll):
-            st = _step(spec, leaves, cp, normb, st, implementation)
+            st = _step(spec, leaves, cp, normb, st, implementation, loop.fused_step)
         return pack(st)
 
     state = unpack(jax.lax.while_loop(lambda st: ~jnp.all(st["done"]), body, pack(state)))
@@ -817,7 +843,7 @@ def lsmr(
         raise ValueError(f"unroll must be >= 1, got {unroll}")
     cp = _ColParams(damp_a, atol_a, btol_a, conlim_a, maxiter_a, jnp.zeros((1,), dtype))
     X0 = None if x0 is None else x0[None]
-    loop = _LoopConfig(int(unroll), bool(_TUNING["pack_scalars"]))
+    loop = _LoopConfig(int(unroll), bool(_TUNING["pack_scalars"]), bool(_TUNING["fused_step"]))
     solve_jit = _solve_jit
     options = _TUNING["compiler_options"]
     if options and jax.default_backend() == "gpu" and _at_top_level():

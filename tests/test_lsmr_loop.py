@@ -28,6 +28,23 @@ def test_packed_carry_is_bit_identical(monkeypatch, unroll):
         np.testing.assert_array_equal(np.asarray(getattr(out, f)), np.asarray(getattr(ref, f)))
 
 
+def test_fused_step_is_bit_identical(monkeypatch):
+    # The fused step kernel vs XLA's v update + the two kernels + XLA's ||x||: the iterates are bitwise the
+    # same (only normx's summation order differs).
+    from jax.experimental import sparse
+
+    a, b = _problem()
+    for operand in (a, sparse.BCOO.fromdense(a)):
+        ref = jax_ops.lsmr(operand, b, atol=1e-10, btol=1e-10)
+        monkeypatch.setitem(lsmr_solver._TUNING, "fused_step", False)
+        out = jax_ops.lsmr(operand, b, atol=1e-10, btol=1e-10)
+        monkeypatch.setitem(lsmr_solver._TUNING, "fused_step", True)
+        assert int(out.itn) == int(ref.itn) and int(out.istop) == int(ref.istop)
+        for f in ("x", "normr", "normar", "norma", "conda"):
+            np.testing.assert_array_equal(np.asarray(getattr(out, f)), np.asarray(getattr(ref, f)))
+        np.testing.assert_allclose(np.asarray(out.normx), np.asarray(ref.normx), rtol=1e-13)
+
+
 def test_compiler_options_only_at_top_level(monkeypatch):
     # On the CPU the options are never attached; under a caller's jit they cannot be (JAX rejects compiler
     # options on a nested jit), so lsmr must not try.

@@ -14,8 +14,10 @@ for every variant
       ``off`` (``xla_gpu_enable_command_buffer=""``),
       ``while`` (defaults + WHILE, CONDITIONAL, ``xla_gpu_graph_min_graph_size=1``: the whole loop one graph
       with a device-side condition)
-  * plus ``u4-default-nopack`` (scalars carried as separate arrays, the previous loop carry) and
-    ``u4-default-dbuf`` (``xla_gpu_enable_while_loop_double_buffering``).
+  * plus ``u4-default-nopack`` (scalars carried as separate arrays, the previous loop carry),
+    ``u4-default-dbuf`` (``xla_gpu_enable_while_loop_double_buffering``) and ``u2-while-unfused`` (the
+    shipped loop with the step's vector update as XLA's v fusion, two kernels and XLA's ||x||, the
+    ``fused_step`` knob off). A name may repeat in JAX_OPS_LSMR_VARIANTS (interleaved A/B runs).
 
 Each row: ``itn``/``istop`` (must be identical across variants: ``same`` says so, ``dx`` = max |x - x of the
 first variant|), ``us_per_iter``, ``x_pair`` = µs/iter / (A v + Aᵀu time, measured once per problem as in the
@@ -39,13 +41,14 @@ from jax_ops.bench import lsmr as lsmr_bench
 from jax_ops.bench.harness import time_call
 from jax_ops.bench.hlo_count import while_body_counts
 
-# name -> (unroll, command-buffer preset, extra compiler options, pack_scalars)
-VARIANTS: dict[str, tuple[int, str, dict, bool]] = {}
+# name -> (unroll, command-buffer preset, extra compiler options, lsmr_solver._TUNING overrides)
+VARIANTS: dict[str, tuple[int, str, dict, dict]] = {}
 for _u in (1, 2, 4, 8):
     for _cb in ("default", "off", "while"):
-        VARIANTS[f"u{_u}-{_cb}"] = (_u, _cb, {}, True)
-VARIANTS["u4-default-nopack"] = (4, "default", {}, False)
-VARIANTS["u4-default-dbuf"] = (4, "default", {"xla_gpu_enable_while_loop_double_buffering": True}, True)
+        VARIANTS[f"u{_u}-{_cb}"] = (_u, _cb, {}, {})
+VARIANTS["u4-default-nopack"] = (4, "default", {}, {"pack_scalars": False})
+VARIANTS["u4-default-dbuf"] = (4, "default", {"xla_gpu_enable_while_loop_double_buffering": True}, {})
+VARIANTS["u2-while-unfused"] = (2, "while", {}, {"fused_step": False})  # the step's kernels as before
 
 
 def _selected_variants() -> list[str]:
@@ -62,7 +65,7 @@ def _selected_variants() -> list[str]:
 def _run_variant(name, p, op, bj, on_gpu):
     from jax_ops import lsmr_solver
 
-    unroll, cb, extra, pack = VARIANTS[name]
+    unroll, cb, extra, tuning = VARIANTS[name]
     options = {**lsmr_solver.COMMAND_BUFFER_OPTIONS[cb], **extra} if on_gpu else {}
     maxiter = p.maxiter
 
@@ -70,7 +73,7 @@ def _run_variant(name, p, op, bj, on_gpu):
         return jax_ops_lsmr(op_, b_, maxiter=maxiter, unroll=unroll, **lsmr_bench._TOL)
 
     saved = dict(lsmr_solver._TUNING)  # noqa: SLF001 - the bench flips the private knob on purpose
-    lsmr_solver._TUNING["pack_scalars"] = pack  # noqa: SLF001
+    lsmr_solver._TUNING.update(tuning)  # noqa: SLF001
     try:
         t0 = time.perf_counter()
         lowered = jax.jit(solve).lower(op, bj)  # traced here: the knob is read now
