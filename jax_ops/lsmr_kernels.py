@@ -1,7 +1,7 @@
 """Fused LSMR vector recurrences (internal kernels of ``jax_ops.lsmr``; public for testing and benchmarks).
 
 ``step_update`` is one LSMR iteration's whole vector update (what the solver runs: v's normalisation, h, hbar,
-x and the sums of squares for ||x||); ``hbar_x_update`` and ``h_update`` are its h/hbar/x part as two kernels.
+x and partial norms for ||x||); ``hbar_x_update`` and ``h_update`` are its h/hbar/x part as two kernels.
 They take float32 or float64 vectors of shape ``[..., n]`` and coefficients that are scalars or arrays
 of the vectors' leading shape ``[...]`` (one coefficient per row, as a block LSMR needs). Coefficients are
 run-time values (device buffers), so they can come from inside ``jax.lax.while_loop``. Results are aliased to
@@ -80,9 +80,9 @@ def h_update(v, h, c_v, *, implementation: str | None = None) -> jax.Array:
     return _ffi.ffi_call("jax_ops_lsmr_h", out, v, h, c_v, input_output_aliases={1: 0})
 
 
-def square_partials(n: int, dtype) -> int:
+def norm_partials(n: int, dtype) -> int:
     """Length of the last axis of :func:`step_update`'s ``partials`` (the CUDA kernel's CTAs per row; mirrors
-    ``SquarePartials`` in ffi_cuda/lsmr/recurrence_params.h)."""
+    ``NormPartials`` in ffi_cuda/lsmr/recurrence_params.h)."""
     per_cta = 256 * (16 // np.dtype(dtype).itemsize)
     return 1 if n == 0 else -(-n // per_cta)
 
@@ -92,8 +92,9 @@ def step_update(vb, v, h, hbar, x, s_v, keep_v, c_h, c_x, c_v, *, implementation
 
     Returns ``(v', h', hbar', x', partials)`` with ``v' = v if keep_v else vb*s_v``, ``hbar' = h - c_h*hbar``,
     ``x' = x + c_x*hbar'`` and ``h' = v' - c_v*h`` (bitwise the same as XLA's ``jnp.where(keep_v, v, vb*s_v)``
-    followed by :func:`hbar_x_update` and :func:`h_update`), and ``partials`` ``[..., square_partials(n)]``
-    whose sum over the last axis is ``sum(x'**2)`` (accumulated in float64 inside each partial).
+    followed by :func:`hbar_x_update` and :func:`h_update`), and ``partials`` ``[..., norm_partials(n)]``:
+    norms of pieces of each row of x' (each accumulated in float64), so ``||x'|| = ||partials||`` over the last
+    axis.
 
     Args:
       vb, v, h, hbar, x: float32 or float64 arrays of one shape ``[..., n]``; results alias v, h, hbar, x.
@@ -111,7 +112,7 @@ def step_update(vb, v, h, hbar, x, s_v, keep_v, c_h, c_x, c_v, *, implementation
     if implementation == "xla":
         return reference.lsmr_step_update(vb, v, h, hbar, x, *coefs)
     out = jax.ShapeDtypeStruct(h.shape, h.dtype)
-    partials = jax.ShapeDtypeStruct((*h.shape[:-1], square_partials(h.shape[-1], h.dtype)), h.dtype)
+    partials = jax.ShapeDtypeStruct((*h.shape[:-1], norm_partials(h.shape[-1], h.dtype)), h.dtype)
     return tuple(
         _ffi.ffi_call(
             "jax_ops_lsmr_step",

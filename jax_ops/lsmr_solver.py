@@ -15,7 +15,7 @@ Design (see ``docs/lsmr.md`` for the full story):
   fused update); the loop runs until every column is done.
 * Per iteration: ``u <- A v - alpha u`` and ``v <- A^T u - beta v`` (a fused matvec-with-beta when the operator
   has one), two norms, the scalar rotations, then one fused kernel, ``lsmr_kernels.step_update`` (v's
-  normalisation, h, hbar, x and the squares behind ``||x||`` in one pass).
+  normalisation, h, hbar, x and partial norms of x in one pass).
 * ``unroll`` guarded iterations per ``while_loop`` trip amortise the loop-condition round trip on GPUs; the
   result does not depend on it (a finished column is frozen inside the trip).
 
@@ -327,13 +327,6 @@ def _norm(x):
     return jnp.sqrt(jnp.sum(x * x, axis=-1))
 
 
-def _norm_from_squares(partials):
-    """Row norms from partial sums of squares [k, p] (summed in float64 for float32 when x64 is enabled)."""
-    if partials.dtype == jnp.float32 and jax.config.jax_enable_x64:
-        return jnp.sqrt(jnp.sum(partials.astype(jnp.float64), axis=-1)).astype(jnp.float32)
-    return jnp.sqrt(jnp.sum(partials, axis=-1))
-
-
 def _sym_ortho(a, b):
     """SciPy's _sym_ortho (stable Givens rotation), elementwise: returns c, s, r with [c s; -s c][a; b] = [r; 0]."""
     one = jnp.ones_like(a)
@@ -491,12 +484,12 @@ def _step(spec, leaves, cp, normb, st, implementation, fused_step=True):
     zeta = cbar * st["zetabar"]
     zetabar = -sbar * st["zetabar"]
 
-    # v, h, hbar, x and the squares of x in one fused kernel; zero coefficients freeze a finished column's x.
+    # v, h, hbar, x and partial norms of x in one fused kernel; zero coefficients freeze a finished column's x.
     c_h = jnp.where(active, thetabar * rho / (rhoold * rhobarold), 0).astype(dt)
     c_x = jnp.where(active, zeta / (rho * rhobar), 0).astype(dt)
     c_v = jnp.where(active, thetanew / rho, 0).astype(dt)
     if fused_step:
-        v, h, hbar, x, x_squares = lsmr_kernels.step_update(
+        v, h, hbar, x, x_parts = lsmr_kernels.step_update(
             vb,
             v,
             st["h"],
@@ -515,7 +508,7 @@ def _step(spec, leaves, cp, normb, st, implementation, fused_step=True):
             st["h"], st["hbar"], st["x"], c_h, c_x, implementation=_fused(implementation)
         )
         h = lsmr_kernels.h_update(v, st["h"], c_v, implementation=_fused(implementation))
-        x_squares = None
+        x_parts = x
 
     # Estimate ||r||.
     betadd = st["betadd"]
@@ -543,7 +536,7 @@ def _step(spec, leaves, cp, normb, st, implementation, fused_step=True):
 
     # Convergence tests (SciPy's order: later tests win).
     normar = jnp.abs(zetabar)
-    normx = _norm(x) if x_squares is None else _norm_from_squares(x_squares)
+    normx = _norm(x_parts)  # ||x|| = the norm of x's partial norms
     test1 = normr / normb
     nr = normA * normr
     test2 = jnp.where(nr != 0, normar / jnp.where(nr != 0, nr, 1), jnp.inf)

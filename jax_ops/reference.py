@@ -19,12 +19,12 @@ def lsmr_h_update(v: jax.Array, h: jax.Array, c_v: jax.Array) -> jax.Array:
 
 def lsmr_step_update(vb, v, h, hbar, x, s_v, keep_v, c_h, c_x, c_v):
     """(v', h', hbar', x', partials): v' = where(keep_v, v, vb * s_v), then lsmr_hbar_x_update and
-    lsmr_h_update with v'; partials [..., 1] = sum(x'**2) (in float64 when x64 is on)."""
+    lsmr_h_update with v'; partials [..., 1] = ||x'|| (squares summed in float64 when x64 is on)."""
     v_new = jnp.where(keep_v[..., None] != 0, v, vb * s_v[..., None])
     hbar_new, x_new = lsmr_hbar_x_update(h, hbar, x, c_h, c_x)
     acc = jnp.float64 if jax.config.jax_enable_x64 else x_new.dtype
-    squares = jnp.sum(jnp.square(x_new.astype(acc)), axis=-1, keepdims=True).astype(x_new.dtype)
-    return v_new, lsmr_h_update(v_new, h, c_v), hbar_new, x_new, squares
+    norm = jnp.sqrt(jnp.sum(jnp.square(x_new.astype(acc)), axis=-1, keepdims=True)).astype(x_new.dtype)
+    return v_new, lsmr_h_update(v_new, h, c_v), hbar_new, x_new, norm
 
 
 def dot_product_attention(

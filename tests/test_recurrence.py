@@ -83,8 +83,8 @@ def test_step_update_matches_reference_and_the_separate_steps(shape, dtype, x64)
     ref = _ref_step(*args)
     for out, r in zip((v_new, h_new, hbar_new, x_new), ref):
         _assert_close(out, r, dtype)
-    assert partials.shape == (*shape[:-1], lsmr_kernels.square_partials(shape[-1], dtype))
-    squares = np.sum(np.asarray(partials, np.float64), axis=-1)
+    assert partials.shape == (*shape[:-1], lsmr_kernels.norm_partials(shape[-1], dtype))
+    squares = np.sum(np.asarray(partials, np.float64) ** 2, axis=-1)  # ||x'||^2 from the partial norms
     np.testing.assert_allclose(squares, ref[4], rtol=10 * TOL[dtype], atol=1e-300)
     # What the solver ran before: XLA's v update, then the two kernels. Bitwise the same.
     vb, v, h, hbar, x, s_v, keep_v, c_h, c_x, c_v = args
@@ -93,6 +93,17 @@ def test_step_update_matches_reference_and_the_separate_steps(shape, dtype, x64)
     two_h = jax.jit(lsmr_kernels.h_update)(v_xla, h, c_v)
     for one, two in ((v_new, v_xla), (h_new, two_h), (hbar_new, two_hbar), (x_new, two_x)):
         np.testing.assert_array_equal(np.asarray(one), np.asarray(two))
+
+
+def test_step_update_partial_norms_do_not_overflow_float32(x64):
+    # ||x||^2 of float32 x = 1e20 overflows float32; the partial norms stay finite, as lsmr's float64 sum needs.
+    n = 3000
+    big = jnp.full((n,), 1e20, jnp.float32)
+    zeros = jnp.zeros((n,), jnp.float32)
+    out = lsmr_kernels.step_update(zeros, zeros, zeros, zeros, big, 1.0, 0.0, 0.0, 0.0, 0.0)
+    parts = np.asarray(out[4], np.float64)
+    assert np.all(np.isfinite(parts))
+    np.testing.assert_allclose(np.sqrt(np.sum(parts**2)), 1e20 * np.sqrt(n), rtol=1e-6)
 
 
 def test_step_update_in_place_vmap_xla_and_errors():
@@ -110,7 +121,7 @@ def test_step_update_in_place_vmap_xla_and_errors():
     for res in (xla, vm, out):
         for o, r in zip(res[:4], ref[:4]):
             _assert_close(o, r, np.float32)
-        np.testing.assert_allclose(np.sum(np.asarray(res[4], np.float64), -1), ref[4], rtol=1e-5)
+        np.testing.assert_allclose(np.sum(np.asarray(res[4], np.float64) ** 2, -1), ref[4], rtol=1e-5)
     f32 = jnp.ones(4, jnp.float32)
     with pytest.raises(ValueError, match="x has shape"):
         lsmr_kernels.step_update(f32, f32, f32, f32, jnp.ones(5, jnp.float32), 1.0, 0.0, 1.0, 1.0, 1.0)

@@ -1,5 +1,6 @@
 // CPU twin of the fused LSMR recurrences: the same FFI contract as recurrence_cuda.cu, plain loops.
 #include <algorithm>
+#include <cmath>
 
 #include "lsmr/recurrence_params.h"
 
@@ -15,7 +16,7 @@ ffi::Error RunOnHost(const ffi::AnyBuffer* const (&ins)[Update::kIn], ffi::AnyBu
   if (shape.has_error()) return shape.error();
   int64_t num_partials = 0;
   if (partials != nullptr) {
-    num_partials = SquarePartialsFor(vectors[0]->element_type(), shape->n);
+    num_partials = NormPartialsFor(vectors[0]->element_type(), shape->n);
     ffi::Error e = CheckPartials(*partials, *vectors[0], num_partials);
     if (!e.success()) return e;
   }
@@ -27,8 +28,8 @@ ffi::Error RunOnHost(const ffi::AnyBuffer* const (&ins)[Update::kIn], ffi::AnyBu
         for (int k = 0; k < Update::kIn; ++k) in_ptr[k] = static_cast<const T*>(ins[k]->untyped_data());
         for (int k = 0; k < Update::kOut; ++k) out_ptr[k] = static_cast<T*>(outs[k]->untyped_data());
         const int64_t rows = shape->rows, n = shape->n;  // locals: lets the compiler keep them in registers
-        // Sums of squares: partial p of a row covers its elements [p*n/P, (p+1)*n/P) (the CUDA kernel assigns
-        // them to CTAs differently; only the row's total is part of the contract).
+        // Partial norms: partial p of a row covers its elements [p*n/P, (p+1)*n/P) (the CUDA kernel assigns
+        // them to CTAs differently; only the norm of the row's partials is part of the contract).
         T* part = partials != nullptr ? static_cast<T*>(partials->untyped_data()) : nullptr;
         for (int64_t r = 0; r < rows; ++r) {
           T c[Update::kCoef];
@@ -42,10 +43,10 @@ ffi::Error RunOnHost(const ffi::AnyBuffer* const (&ins)[Update::kIn], ffi::AnyBu
               for (int k = 0; k < Update::kIn; ++k) in[k] = in_ptr[k][i];
               Update::Apply(c, in, out);
               for (int k = 0; k < Update::kOut; ++k) out_ptr[k][i] = out[k];
-              if constexpr (Update::kSquareOut >= 0)
-                squares += static_cast<double>(out[Update::kSquareOut]) * out[Update::kSquareOut];
+              if constexpr (Update::kNormOut >= 0)
+                squares += static_cast<double>(out[Update::kNormOut]) * out[Update::kNormOut];
             }
-            if (part != nullptr) part[r * num_partials + p] = static_cast<T>(squares);
+            if (part != nullptr) part[r * num_partials + p] = static_cast<T>(std::sqrt(squares));
           }
         }
         return ffi::Error::Success();

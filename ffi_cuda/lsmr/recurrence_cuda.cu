@@ -14,7 +14,7 @@ ffi::Error RunOnDevice(cudaStream_t stream, const ffi::AnyBuffer* const (&ins)[U
   auto shape = CheckRecurrenceArgs(vectors, vector_names, coefs, coef_names);
   if (shape.has_error()) return shape.error();
   if (partials != nullptr) {
-    ffi::Error e = CheckPartials(*partials, *vectors[0], SquarePartialsFor(vectors[0]->element_type(), shape->n));
+    ffi::Error e = CheckPartials(*partials, *vectors[0], NormPartialsFor(vectors[0]->element_type(), shape->n));
     if (!e.success()) return e;
   }
   auto props = CurrentDeviceProps();

@@ -43,12 +43,12 @@ __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NO
     const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     const int64_t nthreads = static_cast<int64_t>(gridDim.x) * blockDim.x;
 
-    // Scalar head and tail (the whole row when the pointers disagree on alignment).
-    constexpr bool kSquares = Update::kSquareOut >= 0;
-    double squares = 0;  // this thread's share of the row's sum of squares of out[kSquareOut]
+    constexpr bool kNorms = Update::kNormOut >= 0;
+    double squares = 0;  // this thread's share of the sum of squares of out[kNormOut] in this CTA
     auto add_square = [&](const T* out) {
-      if constexpr (kSquares) squares += static_cast<double>(out[Update::kSquareOut]) * out[Update::kSquareOut];
+      if constexpr (kNorms) squares += static_cast<double>(out[Update::kNormOut]) * out[Update::kNormOut];
     };
+    // Scalar head and tail (the whole row when the pointers disagree on alignment).
     auto scalar = [&](int64_t i) {
       T in[NIn], out[NOut];
 #pragma unroll
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NO
         for (int k = 0; k < NOut; ++k) vout[k][v] = out[k];
       }
     }
-    if constexpr (kSquares) {
+    if constexpr (kNorms) {
       // Fixed-order CTA sum (xor tree per warp, then warp 0 over the warps): deterministic for a given grid.
       __shared__ double warp_sums[kThreads / 32];
 #pragma unroll
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NO
         double s = lane < kThreads / 32 ? warp_sums[lane] : 0.0;
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-        if (lane == 0) args.partials[row * gridDim.x + blockIdx.x] = static_cast<T>(s);
+        if (lane == 0) args.partials[row * gridDim.x + blockIdx.x] = static_cast<T>(sqrt(s));
       }
       __syncthreads();  // warp_sums is reused by the next row
     }
@@ -122,8 +122,8 @@ template <typename Update, int kUnroll, typename T>
 cudaError_t LaunchRowwiseWith(cudaStream_t stream, const RowwiseArgs<T, Update::kIn, Update::kOut, Update::kCoef>& args,
                               int sm_count, int blocks_per_sm) {
   if (args.rows == 0) return cudaSuccess;
-  if (args.n == 0) {  // no elements: every row's sum of squares is 0
-    if (Update::kSquareOut >= 0) return cudaMemsetAsync(args.partials, 0, args.rows * sizeof(T), stream);
+  if (args.n == 0) {  // no elements: every row's norm is 0
+    if (Update::kNormOut >= 0) return cudaMemsetAsync(args.partials, 0, args.rows * sizeof(T), stream);
     return cudaSuccess;
   }
   constexpr int64_t kElemsPerBlockStep = int64_t{kThreads} * (16 / sizeof(T)) * kUnroll;
@@ -148,7 +148,7 @@ cudaError_t LaunchRowwiseWith(cudaStream_t stream, const RowwiseArgs<T, Update::
 template <typename Update, typename T>
 cudaError_t LaunchRowwise(cudaStream_t stream, const RowwiseArgs<T, Update::kIn, Update::kOut, Update::kCoef>& args,
                           int sm_count) {
-  // kUnroll = 1 and no cap: the grid's x extent is SquarePartials(n, sizeof(T)), the row length of `partials`.
+  // kUnroll = 1 and no cap: the grid's x extent is NormPartials(n, sizeof(T)), the row length of `partials`.
   return LaunchRowwiseWith<Update, 1>(stream, args, sm_count, /*blocks_per_sm=*/0);
 }
 

@@ -17,7 +17,8 @@ struct RowwiseArgs {
   const T* coef[NCoef];
   int64_t rows;
   int64_t n;
-  T* partials = nullptr;  // Update::kSquareOut >= 0: [rows, SquarePartials(n, sizeof(T))], each CTA's sum of squares
+  // Update::kNormOut >= 0: [rows, NormPartials(n, sizeof(T))], each CTA's norm of its elements of that output
+  T* partials = nullptr;
 };
 
 // Launches Update (HbarXUpdate or HUpdate) over rows x n elements. Never synchronises.

@@ -3,7 +3,7 @@
 //   hbar_x:  hbar' = h - c_h * hbar;   x' = x + c_x * hbar'      (one pass: read h, hbar, x; write hbar, x)
 //   h:       h'    = v - c_v * h
 //   step:    the solver's whole update after its products (LsmrStepUpdate below): v's normalisation, both of
-//            the above and the sums of squares of x'. One pass instead of XLA's v fusion, the two kernels, two
+//            the above and partial norms of x'. One pass instead of XLA's v fusion, the two kernels, two
 //            copies of h (h_update overwrites the h that hbar_x reads, with no order between the two calls) and
 //            XLA's reduction for ||x||.
 //
@@ -58,13 +58,13 @@ ffi::ErrorOr<RowShape> CheckRecurrenceArgs(const ffi::AnyBuffer* const (&vectors
 
 // Length of a row of LsmrStepUpdate's `partials`: the CUDA kernel's CTAs per row (one 16-byte vector per thread,
 // 256 threads; the launcher's grid is exactly this wide). Mirrored by jax_ops/lsmr_kernels.py.
-constexpr int64_t SquarePartials(int64_t n, int64_t itemsize) {
+constexpr int64_t NormPartials(int64_t n, int64_t itemsize) {
   const int64_t elems_per_cta = 256 * (16 / itemsize);
   return n == 0 ? 1 : (n + elems_per_cta - 1) / elems_per_cta;
 }
 
-inline int64_t SquarePartialsFor(ffi::DataType dtype, int64_t n) {
-  return SquarePartials(n, dtype == ffi::DataType::F64 ? 8 : 4);
+inline int64_t NormPartialsFor(ffi::DataType dtype, int64_t n) {
+  return NormPartials(n, dtype == ffi::DataType::F64 ? 8 : 4);
 }
 
 // partials must have the vectors' dtype and shape [leading dims..., count].
@@ -99,10 +99,10 @@ __host__ __device__
 // Per-element updates, written once for the CPU twin and the CUDA kernels. `c` holds the row's coefficients,
 // `in` the element of each input, `out` receives each result.
 struct HbarXUpdate {
-  static constexpr int kIn = 3;          // h, hbar, x
-  static constexpr int kOut = 2;         // hbar', x'
-  static constexpr int kCoef = 2;        // c_h, c_x
-  static constexpr int kSquareOut = -1;  // no sums of squares
+  static constexpr int kIn = 3;        // h, hbar, x
+  static constexpr int kOut = 2;       // hbar', x'
+  static constexpr int kCoef = 2;      // c_h, c_x
+  static constexpr int kNormOut = -1;  // no partial norms
   template <typename T>
 #ifdef __CUDACC__
   __host__ __device__
@@ -118,7 +118,7 @@ struct HUpdate {
   static constexpr int kIn = 2;    // v, h
   static constexpr int kOut = 1;   // h'
   static constexpr int kCoef = 1;  // c_v
-  static constexpr int kSquareOut = -1;
+  static constexpr int kNormOut = -1;
   template <typename T>
 #ifdef __CUDACC__
   __host__ __device__
@@ -131,14 +131,15 @@ struct HUpdate {
 // One LSMR iteration's vector work after the two products, in one pass (what the solver runs):
 //   v'    = keep_v ? v : vb * s_v          (SciPy: v = A^T u - beta v, then v *= 1/alpha unless beta = 0)
 //   hbar' = h - c_h * hbar;   x' = x + c_x * hbar';   h' = v' - c_v * h
-// plus each CTA's sum of x'^2 (the `partials` output, summed by the caller into ||x'||). The same expressions as
-// XLA's v update followed by HbarXUpdate and HUpdate, so v', h', hbar', x' are bitwise theirs: the product
-// vb * s_v is rounded on its own (MulRn), as XLA's separate fusion rounded it.
+// plus each CTA's norm of its elements of x' (the `partials` output: ||x'|| is the norm of a row of partials; a
+// norm, not a sum of squares, so float32 partials do not overflow before the caller's float64 sum). The same
+// expressions as XLA's v update followed by HbarXUpdate and HUpdate, so v', h', hbar', x' are bitwise theirs: the
+// product vb * s_v is rounded on its own (MulRn), as XLA's separate fusion rounded it.
 struct LsmrStepUpdate {
-  static constexpr int kIn = 5;         // vb, v, h, hbar, x
-  static constexpr int kOut = 4;        // v', h', hbar', x'
-  static constexpr int kCoef = 5;       // s_v, keep_v (0 or 1), c_h, c_x, c_v
-  static constexpr int kSquareOut = 3;  // x': its squares are summed per CTA
+  static constexpr int kIn = 5;       // vb, v, h, hbar, x
+  static constexpr int kOut = 4;      // v', h', hbar', x'
+  static constexpr int kCoef = 5;     // s_v, keep_v (0 or 1), c_h, c_x, c_v
+  static constexpr int kNormOut = 3;  // x': one partial norm per CTA
   template <typename T>
 #ifdef __CUDACC__
   __host__ __device__
