@@ -536,7 +536,7 @@ def _step(spec, leaves, cp, normb, st, implementation, fused_step=True):
 
     # Convergence tests (SciPy's order: later tests win).
     normar = jnp.abs(zetabar)
-    normx = _norm(x_parts)  # ||x|| = the norm of x's partial norms
+    normx = _norm(x_parts)  # the norm of x's partial norms (of x itself with fused_step off) is ||x||
     test1 = normr / normb
     nr = normA * normr
     test2 = jnp.where(nr != 0, normar / jnp.where(nr != 0, nr, 1), jnp.inf)
