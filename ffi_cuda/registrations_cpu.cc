@@ -6,6 +6,10 @@
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHbarXCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrStepCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrPartialNormsCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrNormalizeCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrIterationStepCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrScalarsCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsSparseCsrSpmmCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsSparseSlabSpmvCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsAttentionFwdCpu);
@@ -19,6 +23,10 @@ NB_MODULE(_jax_ops_cpu, m) {
     targets["jax_ops_lsmr_hbar_x"] = jax_ops::HandlerCapsule(JaxOpsLsmrHbarXCpu);
     targets["jax_ops_lsmr_h"] = jax_ops::HandlerCapsule(JaxOpsLsmrHCpu);
     targets["jax_ops_lsmr_step"] = jax_ops::HandlerCapsule(JaxOpsLsmrStepCpu);
+    targets["jax_ops_lsmr_partial_norms"] = jax_ops::HandlerCapsule(JaxOpsLsmrPartialNormsCpu);
+    targets["jax_ops_lsmr_normalize"] = jax_ops::HandlerCapsule(JaxOpsLsmrNormalizeCpu);
+    targets["jax_ops_lsmr_iteration_step"] = jax_ops::HandlerCapsule(JaxOpsLsmrIterationStepCpu);
+    targets["jax_ops_lsmr_scalars"] = jax_ops::HandlerCapsule(JaxOpsLsmrScalarsCpu);
     targets["jax_ops_sparse_csr_spmm"] = jax_ops::HandlerCapsule(JaxOpsSparseCsrSpmmCpu);
     targets["jax_ops_sparse_slab_spmv"] = jax_ops::HandlerCapsule(JaxOpsSparseSlabSpmvCpu);
     targets["jax_ops_attention_fwd"] = jax_ops::HandlerCapsule(JaxOpsAttentionFwdCpu);

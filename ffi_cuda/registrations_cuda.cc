@@ -7,6 +7,10 @@
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHbarXCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrStepCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrPartialNormsCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrNormalizeCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrIterationStepCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrScalarsCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsSparseCsrSpmmCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsSparseSlabSpmvCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsAttentionFwdCuda);
@@ -21,6 +25,10 @@ NB_MODULE(_jax_ops_cuda, m) {
     targets["jax_ops_lsmr_hbar_x"] = jax_ops::HandlerCapsule(JaxOpsLsmrHbarXCuda);
     targets["jax_ops_lsmr_h"] = jax_ops::HandlerCapsule(JaxOpsLsmrHCuda);
     targets["jax_ops_lsmr_step"] = jax_ops::HandlerCapsule(JaxOpsLsmrStepCuda);
+    targets["jax_ops_lsmr_partial_norms"] = jax_ops::HandlerCapsule(JaxOpsLsmrPartialNormsCuda);
+    targets["jax_ops_lsmr_normalize"] = jax_ops::HandlerCapsule(JaxOpsLsmrNormalizeCuda);
+    targets["jax_ops_lsmr_iteration_step"] = jax_ops::HandlerCapsule(JaxOpsLsmrIterationStepCuda);
+    targets["jax_ops_lsmr_scalars"] = jax_ops::HandlerCapsule(JaxOpsLsmrScalarsCuda);
     targets["jax_ops_sparse_csr_spmm"] = jax_ops::HandlerCapsule(JaxOpsSparseCsrSpmmCuda);
     targets["jax_ops_sparse_slab_spmv"] = jax_ops::HandlerCapsule(JaxOpsSparseSlabSpmvCuda);
     targets["jax_ops_attention_fwd"] = jax_ops::HandlerCapsule(JaxOpsAttentionFwdCuda);

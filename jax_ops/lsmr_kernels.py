@@ -80,11 +80,15 @@ def h_update(v, h, c_v, *, implementation: str | None = None) -> jax.Array:
     return _ffi.ffi_call("jax_ops_lsmr_h", out, v, h, c_v, input_output_aliases={1: 0})
 
 
-def norm_partials(n: int, dtype) -> int:
-    """Length of the last axis of :func:`step_update`'s ``partials`` (the CUDA kernel's CTAs per row; mirrors
-    ``NormPartials`` in ffi_cuda/lsmr/recurrence_params.h)."""
-    per_cta = 256 * (16 // np.dtype(dtype).itemsize)
+def norm_partials(n: int, dtype, unroll: int = 1) -> int:
+    """Length of the last axis of a kernel's partial norms of rows of length ``n``: :func:`step_update`'s and
+    :func:`iteration_step`'s (``unroll`` 1), :func:`partial_norms`' (``unroll`` 4). The CUDA kernel's CTAs per row;
+    mirrors ``NormPartials`` in ffi_cuda/lsmr/recurrence_params.h."""
+    per_cta = 256 * (16 // np.dtype(dtype).itemsize) * unroll
     return 1 if n == 0 else -(-n // per_cta)
+
+
+_PARTIAL_NORMS_UNROLL = 4  # PartialNormsUpdate::kUnroll
 
 
 def step_update(vb, v, h, hbar, x, s_v, keep_v, c_h, c_x, c_v, *, implementation: str | None = None):
@@ -119,5 +123,80 @@ def step_update(vb, v, h, hbar, x, s_v, keep_v, c_h, c_x, c_v, *, implementation
             (out, out, out, out, partials),
             vb, v, h, hbar, x, *coefs,
             input_output_aliases={1: 0, 2: 1, 3: 2, 4: 3},
+        )
+    )  # fmt: skip
+
+
+# ---- The fused LSMR iteration (``jax_ops.lsmr``'s default loop, ``lsmr_solver._step_kernels``). FFI only: the
+# reference is the solver's jnp recurrence (``implementation="xla"``). The scalar state's layout is the solver's:
+# ``sc`` [..., len(lsmr_solver._SCALARS)], ``ints`` int32 [..., 3] (itn, istop, done), ``params`` [..., 5] (damp,
+# atol, btol, conlim, ||b||), ``maxiter`` int32 [...]; ffi_cuda/lsmr/scalar_recurrence.h holds the recurrence.
+
+NUM_SCALARS, NUM_INTS, NUM_PARAMS = 23, 3, 5
+
+
+def partial_norms(vec: jax.Array) -> jax.Array:
+    """Norms of pieces of each row of ``vec`` [..., n]: ``[..., norm_partials(n, dtype, 4)]`` (each accumulated in
+    float64), so ``||row|| = ||partials||`` over the last axis."""
+    (vec,) = _vectors(vec=vec)
+    n = vec.shape[-1]
+    parts = jax.ShapeDtypeStruct(
+        (*vec.shape[:-1], norm_partials(n, vec.dtype, _PARTIAL_NORMS_UNROLL)), vec.dtype
+    )
+    return _ffi.ffi_call("jax_ops_lsmr_partial_norms", parts, vec)
+
+
+def normalize(ub: jax.Array, ub_partials: jax.Array):
+    """SciPy's ``beta = ||ub||; u = ub * (1/beta)`` (``u = ub`` when beta = 0) per row, from ``partial_norms(ub)``.
+
+    Returns ``(u, beta, vb_coef)``; ``u`` aliases ``ub``, ``beta`` has the rows' shape ``[...]``. ``vb_coef`` is the
+    coefficient of v in the next product ``vb = A^T u + vb_coef * v``: ``-beta``, or 1 when beta = 0 (u is then 0,
+    so vb is v itself, the v SciPy keeps; :func:`iteration_step` then takes v from vb and needs no old v).
+    """
+    (ub,) = _vectors(ub=ub)
+    row = jax.ShapeDtypeStruct(ub.shape[:-1], ub.dtype)
+    return tuple(
+        _ffi.ffi_call(
+            "jax_ops_lsmr_normalize",
+            (jax.ShapeDtypeStruct(ub.shape, ub.dtype), row, row),
+            ub,
+            ub_partials,
+            input_output_aliases={0: 0},
+        )
+    )
+
+
+def iteration_step(vb, h, hbar, x, vb_partials, sc, ints, beta, params):
+    """:func:`step_update` with v' taken from ``vb`` itself when beta = 0 (see :func:`normalize`) and its
+    coefficients derived in the kernel: ``alpha_raw = ||vb||`` from ``vb_partials`` (:func:`partial_norms`), then
+    the rotations from the scalar state ``sc``/``ints``, this iteration's ``beta`` and ``params``' damp. Returns
+    ``(v', h', hbar', x', x_partials)`` (results alias vb, h, hbar, x; ``x_partials`` as :func:`step_update`'s)."""
+    vb, h, hbar, x = _vectors(vb=vb, h=h, hbar=hbar, x=x)
+    out = jax.ShapeDtypeStruct(h.shape, h.dtype)
+    x_parts = jax.ShapeDtypeStruct((*h.shape[:-1], norm_partials(h.shape[-1], h.dtype)), h.dtype)
+    return tuple(
+        _ffi.ffi_call(
+            "jax_ops_lsmr_iteration_step",
+            (out, out, out, out, x_parts),
+            vb, h, hbar, x, vb_partials, sc, ints, beta, params,
+            input_output_aliases={0: 0, 1: 1, 2: 2, 3: 3},
+        )
+    )  # fmt: skip
+
+
+def iteration_scalars(sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials):
+    """The rest of an LSMR iteration's scalar recurrence for every row (in place): the rotations again (the same
+    bits as :func:`iteration_step`'s), the estimates of ``||r||``, ``||A||``, ``cond(A)``, ``||x||`` (from
+    ``x_partials``), the stopping tests and the guarded state update. Returns ``(sc', ints', -alpha')``."""
+    return tuple(
+        _ffi.ffi_call(
+            "jax_ops_lsmr_scalars",
+            (
+                jax.ShapeDtypeStruct(sc.shape, sc.dtype),
+                jax.ShapeDtypeStruct(ints.shape, ints.dtype),
+                jax.ShapeDtypeStruct(neg_alpha.shape, neg_alpha.dtype),
+            ),
+            sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials,
+            input_output_aliases={0: 0, 1: 1, 2: 2},
         )
     )  # fmt: skip

@@ -14,8 +14,10 @@ Design (see ``docs/lsmr.md`` for the full story):
   its own. A converged column is frozen (its scalars by ``jnp.where``, its ``x`` by zero coefficients of the
   fused update); the loop runs until every column is done.
 * Per iteration: ``u <- A v - alpha u`` and ``v <- A^T u - beta v`` (a fused matvec-with-beta when the operator
-  has one), two norms, the scalar rotations, then one fused kernel, ``lsmr_kernels.step_update`` (v's
-  normalisation, h, hbar, x and partial norms of x in one pass).
+  has one), then four launches of our kernels (``_step_kernels``): partial norms of u's update, u's
+  normalisation, partial norms of v's update, one vector update (v's normalisation, h, hbar, x, partial norms
+  of x; each CTA derives its coefficients from the scalar state), and one scalar kernel (the rotations, the
+  estimates, the stopping tests) -- no XLA reductions or scalar fusions in the loop.
 * ``unroll`` guarded iterations per ``while_loop`` trip amortise the loop-condition round trip on GPUs; the
   result does not depend on it (a finished column is frozen inside the trip).
 
@@ -117,13 +119,13 @@ class _Spec(abc.ABC):
     def rmv(self, leaves, U, cp):
         """A^T U for the block U [k, m] -> [k, n]."""
 
-    def mv_axpby(self, leaves, V, U, c, cp):
-        """A V - c[:, None] * U."""
-        return self.mv(leaves, V, cp) - c[:, None] * U
+    def mv_axpby(self, leaves, V, U, beta, cp):
+        """A V + beta[:, None] * U (LSMR's A v - alpha u with beta = -alpha)."""
+        return self.mv(leaves, V, cp) + beta[:, None] * U
 
-    def rmv_axpby(self, leaves, U, V, c, cp):
-        """A^T U - c[:, None] * V."""
-        return self.rmv(leaves, U, cp) - c[:, None] * V
+    def rmv_axpby(self, leaves, U, V, beta, cp):
+        """A^T U + beta[:, None] * V."""
+        return self.rmv(leaves, U, cp) + beta[:, None] * V
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,17 +195,17 @@ class _Protocol(_Spec):
         a = self._a(leaves)
         return jax.vmap(a.rmatvec)(U).astype(self.dtype)
 
-    def mv_axpby(self, leaves, V, U, c, cp):
+    def mv_axpby(self, leaves, V, U, beta, cp):
         a = self._a(leaves)
         if hasattr(a, "matvec_axpby"):
-            return jax.vmap(a.matvec_axpby)(V, U, -c).astype(self.dtype)
-        return super().mv_axpby(leaves, V, U, c, cp)
+            return jax.vmap(a.matvec_axpby)(V, U, beta).astype(self.dtype)
+        return super().mv_axpby(leaves, V, U, beta, cp)
 
-    def rmv_axpby(self, leaves, U, V, c, cp):
+    def rmv_axpby(self, leaves, U, V, beta, cp):
         a = self._a(leaves)
         if hasattr(a, "rmatvec_axpby"):
-            return jax.vmap(a.rmatvec_axpby)(U, V, -c).astype(self.dtype)
-        return super().rmv_axpby(leaves, U, V, c, cp)
+            return jax.vmap(a.rmatvec_axpby)(U, V, beta).astype(self.dtype)
+        return super().rmv_axpby(leaves, U, V, beta, cp)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,11 +228,11 @@ class _Transposed(_Spec):
     def rmv(self, leaves, U, cp):
         return self.inner.mv(leaves, U, cp)
 
-    def mv_axpby(self, leaves, V, U, c, cp):
-        return self.inner.rmv_axpby(leaves, V, U, c, cp)
+    def mv_axpby(self, leaves, V, U, beta, cp):
+        return self.inner.rmv_axpby(leaves, V, U, beta, cp)
 
-    def rmv_axpby(self, leaves, U, V, c, cp):
-        return self.inner.mv_axpby(leaves, U, V, c, cp)
+    def rmv_axpby(self, leaves, U, V, beta, cp):
+        return self.inner.mv_axpby(leaves, U, V, beta, cp)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,17 +355,27 @@ def _sym_ortho(a, b):
     return c, s, r
 
 
+# How an iteration's work after the two products runs (``_LoopConfig.iteration``; benchmark A/B knob):
+#   "kernels": the fused iteration (``_step_kernels``): the norms of u's and v's updates as partial norms, u's
+#     normalisation, the vector update and the whole scalar recurrence in four launches of our own kernels
+#     (``lsmr_kernels.normalize``/``iteration_step``/``iteration_scalars``), instead of XLA's two-pass
+#     reductions and scalar fusions. The default with the FFI kernels.
+#   "step": XLA's norms and scalar recurrence (``_step``) with the vector update as ``lsmr_kernels.step_update``.
+#   "unfused": ``_step`` with XLA's v update, ``hbar_x_update``, ``h_update`` and XLA's ``||x||``.
+# "step" and "unfused" give bitwise the same iterates; "kernels" sums the norms in another order (float64 sums of
+# float partial norms) and so agrees with them to rounding. ``implementation="xla"`` always runs ``_step`` with the
+# jnp reference of each kernel.
+ITERATIONS = ("kernels", "step", "unfused")
+
+
 @dataclasses.dataclass(frozen=True)
 class _LoopConfig:
-    """Static loop structure: ``unroll`` guarded iterations per trip; ``pack_scalars`` carries the scalars as
-    one stacked array (``_pack``); ``fused_step`` runs the vector update after the products as one kernel
-    (``lsmr_kernels.step_update``) instead of XLA's v update, ``hbar_x_update``, ``h_update`` and XLA's
-    ``||x||`` (a benchmark A/B; bitwise the same except the summation order behind ``normx``). None of them
-    changes the iterates."""
+    """Static loop structure: ``unroll`` guarded iterations per trip; ``pack_scalars`` carries ``_step``'s
+    scalars as one stacked array (``_pack``); ``iteration`` (see ITERATIONS) picks the iteration's kernels."""
 
     unroll: int
     pack_scalars: bool = True
-    fused_step: bool = True
+    iteration: str = "kernels"
 
 
 # XLA GPU command-buffer (CUDA graph) settings, as compiler_options. A repeated enum flag is given as a comma
@@ -386,13 +398,13 @@ LOOP_COMPILER_OPTIONS = COMMAND_BUFFER_OPTIONS["while"]
 GPU_UNROLL = 2
 
 # Private tuning knobs, read by lsmr() at call time (benchmarks flip them; not public API):
-#   pack_scalars, fused_step: see _LoopConfig.
+#   pack_scalars, iteration: see _LoopConfig.
 #   compiler_options: XLA options (e.g. command buffers, see COMMAND_BUFFER_OPTIONS) for a GPU solve that runs as
 #     its own top-level executable (lsmr called outside any jit); inside a caller's jit they cannot apply (JAX
 #     takes compiler options only on the top-level jit): pass them to that jit instead.
 _TUNING: dict[str, Any] = {
     "pack_scalars": True,
-    "fused_step": True,
+    "iteration": "kernels",
     "compiler_options": LOOP_COMPILER_OPTIONS,
 }
 
@@ -450,7 +462,7 @@ def _init(spec, leaves, B, X0, cp, implementation):
     return state, normb
 
 
-def _step(spec, leaves, cp, normb, st, implementation, fused_step=True):
+def _step(spec, leaves, cp, normb, st, implementation, iteration="step"):
     """One guarded LSMR iteration for every column (a done column keeps its state)."""
     dt = st["x"].dtype
     active = ~st["done"]
@@ -459,11 +471,11 @@ def _step(spec, leaves, cp, normb, st, implementation, fused_step=True):
     itn = st["itn"] + 1
 
     # Bidiagonalisation: beta*u = A v - alpha*u ; alpha*v = A^T u - beta*v.
-    ub = spec.mv_axpby(leaves, v, u, alpha, cp)
+    ub = spec.mv_axpby(leaves, v, u, -alpha, cp)
     beta = _norm(ub)
     pos_b = beta > 0
     u = ub * jnp.where(pos_b, 1 / beta, 1)[:, None]
-    vb = spec.rmv_axpby(leaves, u, v, beta, cp)
+    vb = spec.rmv_axpby(leaves, u, v, -beta, cp)
     alpha_raw = _norm(vb)
     alpha = jnp.where(pos_b, alpha_raw, alpha)
     # v = vb / alpha (kept when beta = 0) is applied by the fused update below.
@@ -488,7 +500,7 @@ def _step(spec, leaves, cp, normb, st, implementation, fused_step=True):
     c_h = jnp.where(active, thetabar * rho / (rhoold * rhobarold), 0).astype(dt)
     c_x = jnp.where(active, zeta / (rho * rhobar), 0).astype(dt)
     c_v = jnp.where(active, thetanew / rho, 0).astype(dt)
-    if fused_step:
+    if iteration != "unfused":
         v, h, hbar, x, x_parts = lsmr_kernels.step_update(
             vb,
             v,
@@ -536,7 +548,7 @@ def _step(spec, leaves, cp, normb, st, implementation, fused_step=True):
 
     # Convergence tests (SciPy's order: later tests win).
     normar = jnp.abs(zetabar)
-    normx = _norm(x_parts)  # the norm of x's partial norms (of x itself with fused_step off) is ||x||
+    normx = _norm(x_parts)  # the norm of x's partial norms (of x itself when "unfused") is ||x||
     test1 = normr / normb
     nr = normA * normr
     test2 = jnp.where(nr != 0, normar / jnp.where(nr != 0, nr, 1), jnp.inf)
@@ -594,12 +606,15 @@ def _unpack(st):
 def _solve_block(spec, has_x0, loop, implementation, leaves, B, X0, cp):
     """The block solve: B [k, m] (X0 [k, n]) -> LSMRResult with a leading k."""
     state, normb = _init(spec, leaves, B, X0 if has_x0 else None, cp, implementation)
+    if loop.iteration == "kernels" and implementation != "xla":
+        return _solve_block_kernels(spec, leaves, cp, state, normb, loop.unroll)
     pack, unpack = (_pack, _unpack) if loop.pack_scalars else (lambda st: st, lambda st: st)
+    iteration = "step" if loop.iteration == "kernels" else loop.iteration
 
     def body(st):
         st = unpack(st)
         for _ in range(loop.unroll):
-            st = _step(spec, leaves, cp, normb, st, implementation, loop.fused_step)
+            st = _step(spec, leaves, cp, normb, st, implementation, iteration)
         return pack(st)
 
     state = unpack(jax.lax.while_loop(lambda st: ~jnp.all(st["done"]), body, pack(state)))
@@ -607,6 +622,58 @@ def _solve_block(spec, has_x0, loop, implementation, leaves, B, X0, cp):
         state["x"], state["istop"], state["itn"], state["normr"], state["normar"], state["normA"],
         state["condA"], state["normx"],
     )  # fmt: skip
+
+
+def _step_kernels(spec, leaves, cp, params, c):
+    """One guarded iteration of the fused loop (``iteration="kernels"``): the two products and four launches.
+
+    ``c`` is the carry: vectors ``x, u, v, h, hbar``, the scalars ``sc`` [k, len(_SCALARS)], ``ints`` [k, 3] (itn,
+    istop, done) and ``neg_alpha`` [k] (-alpha, the next product's coefficient). The arithmetic is ``_step``'s
+    (ffi_cuda/lsmr/scalar_recurrence.h mirrors it statement by statement); only the norms' summation order differs.
+    """
+    ub = spec.mv_axpby(leaves, c["v"], c["u"], c["neg_alpha"], cp)  # A v - alpha u
+    u, beta, vb_coef = lsmr_kernels.normalize(ub, lsmr_kernels.partial_norms(ub))
+    # A^T u - beta v; when beta = 0, u = 0 and vb_coef = 1: vb = v, the v SciPy keeps (no copy of v needed).
+    vb = spec.rmv_axpby(leaves, u, c["v"], vb_coef, cp)
+    vb_parts = lsmr_kernels.partial_norms(vb)
+    v, h, hbar, x, x_parts = lsmr_kernels.iteration_step(
+        vb, c["h"], c["hbar"], c["x"], vb_parts, c["sc"], c["ints"], beta, params
+    )
+    sc, ints, neg_alpha = lsmr_kernels.iteration_scalars(
+        c["sc"], c["ints"], c["neg_alpha"], beta, params, cp.maxiter, vb_parts, x_parts
+    )
+    return {"x": x, "u": u, "v": v, "h": h, "hbar": hbar, "sc": sc, "ints": ints, "neg_alpha": neg_alpha}
+
+
+def _solve_block_kernels(spec, leaves, cp, state, normb, unroll):
+    """The while loop of the fused iteration, from ``_init``'s state."""
+    dt = state["x"].dtype
+    carry = {
+        **{key: state[key] for key in ("x", "u", "v", "h", "hbar")},
+        "sc": jnp.stack([state[key] for key in _SCALARS], axis=-1),
+        "ints": jnp.stack([state["itn"], state["istop"], state["done"].astype(jnp.int32)], axis=-1),
+        "neg_alpha": -state["alpha"],
+    }
+    # Loop invariants, in the order of ffi_cuda/lsmr/scalar_recurrence.h's Param.
+    params = jnp.stack([cp.damp, cp.atol, cp.btol, cp.conlim, normb], axis=-1).astype(dt)
+
+    def body(c):
+        for _ in range(unroll):
+            c = _step_kernels(spec, leaves, cp, params, c)
+        return c
+
+    c = jax.lax.while_loop(lambda c: ~jnp.all(c["ints"][:, 2] != 0), body, carry)
+    sc = {key: c["sc"][:, i] for i, key in enumerate(_SCALARS)}
+    return LSMRResult(
+        c["x"],
+        c["ints"][:, 1],
+        c["ints"][:, 0],
+        sc["normr"],
+        sc["normar"],
+        sc["normA"],
+        sc["condA"],
+        sc["normx"],
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -836,7 +903,9 @@ def lsmr(
         raise ValueError(f"unroll must be >= 1, got {unroll}")
     cp = _ColParams(damp_a, atol_a, btol_a, conlim_a, maxiter_a, jnp.zeros((1,), dtype))
     X0 = None if x0 is None else x0[None]
-    loop = _LoopConfig(int(unroll), bool(_TUNING["pack_scalars"]), bool(_TUNING["fused_step"]))
+    if _TUNING["iteration"] not in ITERATIONS:
+        raise ValueError(f"_TUNING['iteration'] must be one of {ITERATIONS}, got {_TUNING['iteration']!r}")
+    loop = _LoopConfig(int(unroll), bool(_TUNING["pack_scalars"]), _TUNING["iteration"])
     solve_jit = _solve_jit
     options = _TUNING["compiler_options"]
     if options and jax.default_backend() == "gpu" and _at_top_level():

@@ -125,10 +125,15 @@ def test_sensitive_within_scipy_self_variation(x64, name, kw, consistent):
     ref = scipy_lsmr(a, b, **kw)
     ref_dense = scipy_lsmr(a.toarray(), b, **kw)
     self_var = _rel(ref_dense[0], ref[0])
+    # A stop one iteration earlier or later (allowed below) moves x by what SciPy's own x moves over its last
+    # iteration: past the loss of orthogonality a 1-ulp change of one norm shifts the stop (measured on
+    # colscale2-consistent: the jnp path with ||u|| scaled by 1 + 2^-52 stops at 427 instead of 426, x 1.4e-5 from
+    # SciPy's, whose dense-vs-CSR variation there is 1.5e-7; SciPy's x at itn 425 is 5.5e-5 from its x at 426).
+    last_step_var = _rel(scipy_lsmr(a, b, **{**kw, "maxiter": ref[2] - 1})[0], ref[0])
     out = _ours(a, b, **kw)
     assert int(out.istop) == ref[1]
     assert abs(int(out.itn) - ref[2]) <= max(2, 3 * abs(ref_dense[2] - ref[2]), int(0.02 * ref[2]))
-    assert _rel(out.x, ref[0]) <= max(1e-8, 10 * self_var)
+    assert _rel(out.x, ref[0]) <= max(1e-8, 10 * self_var, last_step_var)
     res = lambda x: np.linalg.norm(a @ np.asarray(x) - b) / np.linalg.norm(b)  # noqa: E731
     # Consistent systems stop at ||r|| ~ btol ||b||: an absolute term of btol covers that noise.
     assert abs(res(out.x) - res(ref[0])) <= 1e-4 * res(ref[0]) + 1e-6

@@ -115,3 +115,20 @@ def test_gpu_every_stop_code(x64, code):
         assert abs(float(gpu.norma) / ref[5] - 1) <= 1e-8
     elif ref[0].any():
         assert _rel(gpu.x, ref[0]) <= 1e-8
+
+
+def test_gpu_kernel_iteration_agrees_with_step(x64, monkeypatch):
+    # The fused iteration (default) vs XLA's norms and scalar recurrence ("step") on the GPU, float64, before
+    # the loss of orthogonality: the same itn/istop, x to 1e-10.
+    from jax_ops import lsmr_solver
+
+    a = _gen(2000, 400)
+    b = np.random.default_rng(4).standard_normal(2000)
+    gpu = jax.devices("cuda")[0]
+    out = _solve_on(gpu, a, b, atol=1e-8, btol=1e-8)
+    monkeypatch.setitem(lsmr_solver._TUNING, "iteration", "step")
+    ref = _solve_on(gpu, a, b, atol=1e-8, btol=1e-8)
+    assert (int(out.istop), int(out.itn)) == (int(ref.istop), int(ref.itn))
+    assert _rel(out.x, ref.x) <= 1e-10
+    for f in ("normr", "normar", "norma", "normx"):
+        assert abs(float(getattr(out, f)) - float(getattr(ref, f))) <= 1e-8 * abs(float(getattr(ref, f))), f

@@ -279,3 +279,62 @@ def test_native_handler_revalidates_shapes():
                 jnp.ones(2, jnp.float32),
             )
         )()
+
+
+# ---- The fused iteration's kernels (lsmr_solver._step_kernels; whole-iteration tests in test_lsmr_loop.py).
+
+
+@pytest.mark.parametrize("shape", [(0,), (1,), (4097,), (3, 10_001), (2, 1, 5)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_partial_norms_and_normalize(shape, dtype, x64):
+    rng = np.random.default_rng(3)
+    ub = rng.standard_normal(shape).astype(dtype) * np.exp(rng.standard_normal(shape)).astype(dtype)
+    if len(shape) > 1:
+        ub[0] = 0  # a row with beta = 0: u stays ub, beta 0
+    parts = lsmr_kernels.partial_norms(jnp.asarray(ub))
+    assert (
+        parts.shape == (*shape[:-1], lsmr_kernels.norm_partials(shape[-1], dtype, 4)) and parts.dtype == dtype
+    )
+    exact = np.linalg.norm(ub.astype(np.float64), axis=-1)
+    np.testing.assert_allclose(np.linalg.norm(np.asarray(parts, np.float64), axis=-1), exact, rtol=TOL[dtype])
+    u, beta, vb_coef = jax.jit(lsmr_kernels.normalize)(jnp.asarray(ub), parts)
+    assert beta.shape == shape[:-1] and u.shape == shape
+    np.testing.assert_allclose(np.asarray(beta, np.float64), exact, rtol=TOL[dtype])
+    np.testing.assert_array_equal(np.asarray(vb_coef), np.where(np.asarray(beta) > 0, -np.asarray(beta), 1))
+    # u = ub * (1/beta) with 1/beta rounded to the dtype (SciPy's u *= 1/beta), ub itself where beta = 0.
+    b = np.asarray(beta)[..., None]
+    with np.errstate(divide="ignore"):
+        scale = np.where(b > 0, (dtype(1) / np.where(b > 0, b, 1)).astype(dtype), dtype(1))
+    np.testing.assert_array_equal(np.asarray(u), (ub * scale).astype(dtype))
+
+
+def test_fused_iteration_kernels_validate_their_arguments():
+    f32 = jnp.ones((2, 5), jnp.float32)
+    parts = lsmr_kernels.partial_norms(f32)
+    sc = jnp.ones((2, lsmr_kernels.NUM_SCALARS), jnp.float32)
+    ints = jnp.zeros((2, lsmr_kernels.NUM_INTS), jnp.int32)
+    params = jnp.ones((2, lsmr_kernels.NUM_PARAMS), jnp.float32)
+    beta = jnp.ones(2, jnp.float32)
+    x_parts = jnp.ones((2, 1), jnp.float32)
+    with pytest.raises(Exception, match=r"ub_partials must be float32 with shape \[2, 1\]"):
+        jax.jit(lsmr_kernels.normalize)(f32, jnp.ones((2, 3), jnp.float32))
+    with pytest.raises(Exception, match=r"sc must be float32 with shape \[2, 23\]"):
+        jax.jit(lsmr_kernels.iteration_step)(f32, f32, f32, f32, parts, sc[:, :5], ints, beta, params)
+    with pytest.raises(Exception, match=r"ints must be int32 with shape \[2, 3\]"):
+        jax.jit(lsmr_kernels.iteration_step)(f32, f32, f32, f32, parts, sc, ints[:1], beta, params)
+    maxiter = jnp.full(2, 10, jnp.int32)
+    with pytest.raises(Exception, match=r"maxiter must be int32 with shape \[2\]"):
+        jax.jit(lsmr_kernels.iteration_scalars)(sc, ints, -beta, beta, params, maxiter[:1], parts, x_parts)
+    # The scalars kernel works in place: a call without the aliases is refused, not silently wrong.
+    from jax_ops import _ffi
+
+    outs = (jax.ShapeDtypeStruct(sc.shape, sc.dtype), jax.ShapeDtypeStruct(ints.shape, ints.dtype),
+            jax.ShapeDtypeStruct(beta.shape, beta.dtype))  # fmt: skip
+    with pytest.raises(Exception, match="in place"):
+        jax.jit(lambda: _ffi.ffi_call(
+            "jax_ops_lsmr_scalars", outs, sc, ints, -beta, beta, params, maxiter, parts, x_parts))()  # fmt: skip
+    sc2, ints2, neg_alpha = jax.jit(lsmr_kernels.iteration_scalars)(
+        sc, ints, -beta, beta, params, maxiter, parts, x_parts
+    )
+    assert np.all(np.asarray(ints2)[:, 0] == 1) and np.all(np.isfinite(np.asarray(sc2)))
+    np.testing.assert_array_equal(np.asarray(neg_alpha), -np.asarray(sc2)[:, 0])

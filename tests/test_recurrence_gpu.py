@@ -147,3 +147,54 @@ def test_largest_claimed_size(n):
         tail_ok = jnp.allclose(hbar_new[-5:], ref_hbar[-5:], rtol=1e-6)
     assert float(err_h) <= 1e-6 and float(err_x) <= 1e-6
     assert bool(tail_ok)
+
+
+@pytest.mark.parametrize("shape", [(1,), (17,), (3, 1001), (2, 3, 65), (2, 1_000_003)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_small_fused_iteration_kernels_cuda_match_cpu_twin(shape, dtype, x64):
+    # One iteration of the fused kernels (lsmr_solver._step_kernels after its products) on CUDA and on the CPU
+    # twin from the same inputs. The norms' summation orders differ (tree vs compensated), so the results agree
+    # to rounding; the scalar recurrence is the same code (no fma on either side). Rows: active ones and a done
+    # one (frozen: its scalars and x stay).
+    rng = np.random.default_rng(sum(shape) + 11)
+    lead, rows = shape[:-1], int(np.prod(shape[:-1]))
+    ub, vb, h, hbar, x = (rng.standard_normal(shape).astype(dtype) for _ in range(5))
+    sc = (np.abs(rng.standard_normal((*lead, lsmr_kernels.NUM_SCALARS))) + 0.5).astype(dtype)
+    ints = np.zeros((*lead, lsmr_kernels.NUM_INTS), np.int32)
+    ints[..., 0] = 3
+    ints.reshape(rows, -1)[-1, 2] = 1 if rows > 1 else 0  # the last row is done
+    params = np.tile(np.asarray([0.1, 1e-6, 1e-6, 1e8, 2.0], dtype), (*lead, 1))
+    maxiter = np.full(lead, 100, np.int32)
+
+    def iteration(ub, vb, h, hbar, x, sc, ints, params, maxiter):
+        u, beta, vb_coef = lsmr_kernels.normalize(ub, lsmr_kernels.partial_norms(ub))
+        vb_parts = lsmr_kernels.partial_norms(vb)
+        v2, h2, hbar2, x2, x_parts = lsmr_kernels.iteration_step(
+            vb, h, hbar, x, vb_parts, sc, ints, beta, params
+        )
+        sc2, ints2, neg_alpha = lsmr_kernels.iteration_scalars(
+            sc, ints, -sc[..., 0], beta, params, maxiter, vb_parts, x_parts
+        )
+        return u, beta, vb_coef, v2, h2, hbar2, x2, x_parts, sc2, ints2, neg_alpha
+
+    g, c = _run_both(iteration, ub, vb, h, hbar, x, sc, ints, params, maxiter)
+    f64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    exact_beta = np.linalg.norm(f64(ub), axis=-1)
+    assert _rel(g[1], exact_beta) <= TOL[dtype] and _rel(c[1], exact_beta) <= TOL[dtype]
+    np.testing.assert_array_equal(np.asarray(g[2]), -np.asarray(g[1]))  # vb_coef = -beta (beta > 0 here)
+    tol = 4 * TOL[dtype]
+    for i, name in enumerate(("u", "beta", "vb_coef", "v", "h", "hbar", "x")):
+        assert _rel(g[i], f64(c[i])) <= tol, name
+    assert _rel(g[0], f64(ub) / exact_beta[..., None]) <= TOL[dtype]
+    np.testing.assert_allclose(
+        np.linalg.norm(f64(g[7]), axis=-1), np.linalg.norm(f64(g[6]), axis=-1), rtol=tol
+    )
+    np.testing.assert_array_equal(np.asarray(g[9]), np.asarray(c[9]))  # itn, istop, done
+    np.testing.assert_allclose(
+        f64(g[8]), f64(c[8]), rtol=1e3 * TOL[dtype]
+    )  # scalars: rotations of rounded norms
+    np.testing.assert_array_equal(np.asarray(g[10]), -np.asarray(g[8])[..., 0])
+    if rows > 1:  # the done row: scalars and x untouched
+        np.testing.assert_array_equal(np.asarray(g[8]).reshape(rows, -1)[-1], sc.reshape(rows, -1)[-1])
+        np.testing.assert_array_equal(np.asarray(g[6]).reshape(rows, -1)[-1], x.reshape(rows, -1)[-1])
+    assert np.all(np.asarray(g[9])[..., 0].reshape(rows)[: rows - 1 if rows > 1 else rows] == 4)

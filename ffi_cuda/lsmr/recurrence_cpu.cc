@@ -1,11 +1,67 @@
 // CPU twin of the fused LSMR recurrences: the same FFI contract as recurrence_cuda.cu, plain loops.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "lsmr/recurrence_params.h"
 
 namespace jax_ops::lsmr {
 namespace {
+
+// Runs Update over `shape` after the caller's checks (the CUDA handler's Launch, as plain loops). `ins`/`outs`/
+// `coefs` have Update::kIn/kOut/kCoef entries; `partials` is Update's partial-norm output (or null); fill_state
+// fills the ColumnState of a kCoefFromState update.
+template <typename Update, typename FillState>
+ffi::Error RunRows(ffi::DataType dtype, const char* name, const RowShape& shape, const ffi::AnyBuffer* const* ins,
+                   ffi::AnyBuffer* const* outs, const ffi::AnyBuffer* const* coefs, ffi::AnyBuffer* partials,
+                   FillState fill_state) {
+  constexpr int kOutN = Update::kOut > 0 ? Update::kOut : 1;
+  constexpr int kCoefN = Update::kCoef > 0 ? Update::kCoef : 1;
+  constexpr bool kNorms = Update::kNormOut >= 0 || Update::kNormIn >= 0;
+  const int64_t num_partials =
+      partials != nullptr ? NormPartials(shape.n, dtype == ffi::DataType::F64 ? 8 : 4, Update::kUnroll) : 0;
+  return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(dtype, name, [&](auto tag) -> ffi::Error {
+    using T = ffi::NativeType<decltype(tag)::value>;
+    const T* in_ptr[Update::kIn];
+    T* out_ptr[kOutN];
+    for (int k = 0; k < Update::kIn; ++k) in_ptr[k] = static_cast<const T*>(ins[k]->untyped_data());
+    for (int k = 0; k < Update::kOut; ++k) out_ptr[k] = static_cast<T*>(outs[k]->untyped_data());
+    ColumnState<T> state;
+    fill_state(state);
+    const int64_t rows = shape.rows, n = shape.n;  // locals: lets the compiler keep them in registers
+    // Partial norms: partial p of a row covers its elements [p*n/P, (p+1)*n/P) (the CUDA kernel assigns them to
+    // CTAs differently; only the norm of the row's partials is part of the contract).
+    T* part = partials != nullptr ? static_cast<T*>(partials->untyped_data()) : nullptr;
+    for (int64_t r = 0; r < rows; ++r) {
+      T c[kCoefN];
+      if constexpr (Update::kCoefFromState) {
+        const double squares =
+            SumOfSquaresHost(state.norm_partials + r * state.num_norm_partials, state.num_norm_partials);
+        Update::Coefficients(state, r, squares, /*first_cta=*/true, c);
+      } else {
+        for (int k = 0; k < Update::kCoef; ++k) c[k] = static_cast<const T*>(coefs[k]->untyped_data())[r];
+      }
+      for (int64_t p = 0; p < std::max<int64_t>(num_partials, 1); ++p) {
+        const int64_t begin = r * n + (num_partials ? p * n / num_partials : 0);
+        const int64_t end = r * n + (num_partials ? (p + 1) * n / num_partials : n);
+        CompensatedSum squares;
+        for (int64_t i = begin; i < end; ++i) {
+          T in[Update::kIn], out[kOutN];
+          for (int k = 0; k < Update::kIn; ++k) in[k] = in_ptr[k][i];
+          Update::Apply(c, in, out);
+          for (int k = 0; k < Update::kOut; ++k) out_ptr[k][i] = out[k];
+          if constexpr (Update::kNormOut >= 0)
+            squares.Add(static_cast<double>(out[Update::kNormOut]) * out[Update::kNormOut]);
+          if constexpr (Update::kNormIn >= 0) squares.Add(static_cast<double>(in[Update::kNormIn]) * in[Update::kNormIn]);
+        }
+        if (kNorms && part != nullptr) part[r * num_partials + p] = static_cast<T>(std::sqrt(squares.Value()));
+      }
+    }
+    return ffi::Error::Success();
+  });
+}
+
+constexpr auto kNoState = [](auto&) {};
 
 template <typename Update, size_t NV, size_t NC>
 ffi::Error RunOnHost(const ffi::AnyBuffer* const (&ins)[Update::kIn], ffi::AnyBuffer* const (&outs)[Update::kOut],
@@ -14,43 +70,20 @@ ffi::Error RunOnHost(const ffi::AnyBuffer* const (&ins)[Update::kIn], ffi::AnyBu
                      ffi::AnyBuffer* partials = nullptr) {
   auto shape = CheckRecurrenceArgs(vectors, vector_names, coefs, coef_names);
   if (shape.has_error()) return shape.error();
-  int64_t num_partials = 0;
   if (partials != nullptr) {
-    num_partials = NormPartialsFor(vectors[0]->element_type(), shape->n);
-    ffi::Error e = CheckPartials(*partials, *vectors[0], num_partials);
+    ffi::Error e = CheckPartials(*partials, *vectors[0], NormPartialsFor(vectors[0]->element_type(), shape->n));
     if (!e.success()) return e;
   }
-  return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(
-      ins[0]->element_type(), vector_names[0], [&](auto tag) -> ffi::Error {
-        using T = ffi::NativeType<decltype(tag)::value>;
-        const T* in_ptr[Update::kIn];
-        T* out_ptr[Update::kOut];
-        for (int k = 0; k < Update::kIn; ++k) in_ptr[k] = static_cast<const T*>(ins[k]->untyped_data());
-        for (int k = 0; k < Update::kOut; ++k) out_ptr[k] = static_cast<T*>(outs[k]->untyped_data());
-        const int64_t rows = shape->rows, n = shape->n;  // locals: lets the compiler keep them in registers
-        // Partial norms: partial p of a row covers its elements [p*n/P, (p+1)*n/P) (the CUDA kernel assigns
-        // them to CTAs differently; only the norm of the row's partials is part of the contract).
-        T* part = partials != nullptr ? static_cast<T*>(partials->untyped_data()) : nullptr;
-        for (int64_t r = 0; r < rows; ++r) {
-          T c[Update::kCoef];
-          for (int k = 0; k < Update::kCoef; ++k) c[k] = static_cast<const T*>(coefs[k]->untyped_data())[r];
-          for (int64_t p = 0; p < std::max<int64_t>(num_partials, 1); ++p) {
-            const int64_t begin = r * n + (num_partials ? p * n / num_partials : 0);
-            const int64_t end = r * n + (num_partials ? (p + 1) * n / num_partials : n);
-            double squares = 0;
-            for (int64_t i = begin; i < end; ++i) {
-              T in[Update::kIn], out[Update::kOut];
-              for (int k = 0; k < Update::kIn; ++k) in[k] = in_ptr[k][i];
-              Update::Apply(c, in, out);
-              for (int k = 0; k < Update::kOut; ++k) out_ptr[k][i] = out[k];
-              if constexpr (Update::kNormOut >= 0)
-                squares += static_cast<double>(out[Update::kNormOut]) * out[Update::kNormOut];
-            }
-            if (part != nullptr) part[r * num_partials + p] = static_cast<T>(std::sqrt(squares));
-          }
-        }
-        return ffi::Error::Success();
-      });
+  return RunRows<Update>(ins[0]->element_type(), vector_names[0], *shape, ins, outs, coefs, partials, kNoState);
+}
+
+template <typename T>
+const T* Data(const ffi::AnyBuffer& b) {
+  return static_cast<const T*>(b.untyped_data());
+}
+template <typename T>
+T* Data(ffi::AnyBuffer& b) {
+  return static_cast<T*>(b.untyped_data());
 }
 
 ffi::Error HbarXCpu(ffi::AnyBuffer h, ffi::AnyBuffer hbar, ffi::AnyBuffer x, ffi::AnyBuffer c_h, ffi::AnyBuffer c_x,
@@ -74,6 +107,81 @@ ffi::Error StepCpu(ffi::AnyBuffer vb, ffi::AnyBuffer v, ffi::AnyBuffer h, ffi::A
                                    {&vb, &v, &h, &hbar, &x, &*v_out, &*h_out, &*hbar_out, &*x_out},
                                    {"vb", "v", "h", "hbar", "x", "v_out", "h_out", "hbar_out", "x_out"},
                                    {"s_v", "keep_v", "c_h", "c_x", "c_v"}, &*partials);
+}
+
+// ---- The fused iteration (recurrence_params.h: PartialNormsUpdate, NormalizeUpdate, LsmrIterationUpdate, scalars).
+
+ffi::Error PartialNormsCpu(ffi::AnyBuffer vec, ffi::Result<ffi::AnyBuffer> partials) {
+  auto shape = CheckVectors({&vec}, {"vec"});
+  if (shape.has_error()) return shape.error();
+  ffi::Error e = CheckPartials(*partials, vec, NormPartialsFor(vec.element_type(), shape->n, PartialNormsUpdate::kUnroll));
+  if (!e.success()) return e;
+  const ffi::AnyBuffer* ins[] = {&vec};
+  return RunRows<PartialNormsUpdate>(vec.element_type(), "vec", *shape, ins, nullptr, nullptr, &*partials, kNoState);
+}
+
+ffi::Error NormalizeCpu(ffi::AnyBuffer ub, ffi::AnyBuffer ub_partials, ffi::Result<ffi::AnyBuffer> u,
+                        ffi::Result<ffi::AnyBuffer> beta, ffi::Result<ffi::AnyBuffer> vb_coef) {
+  auto shape = CheckVectors({&ub, &*u}, {"ub", "u"});
+  if (shape.has_error()) return shape.error();
+  const int64_t parts = NormPartialsFor(ub.element_type(), shape->n, PartialNormsUpdate::kUnroll);
+  ffi::Error e = CheckRowArray(ub_partials, "ub_partials", ub.element_type(), ub, parts);
+  if (e.success()) e = CheckRowArray(*beta, "beta", ub.element_type(), ub, -1);
+  if (e.success()) e = CheckRowArray(*vb_coef, "vb_coef", ub.element_type(), ub, -1);
+  if (!e.success()) return e;
+  const ffi::AnyBuffer* ins[] = {&ub};
+  ffi::AnyBuffer* outs[] = {&*u};
+  return RunRows<NormalizeUpdate>(ub.element_type(), "ub", *shape, ins, outs, nullptr, nullptr, [&](auto& st) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(st.sc)>>;
+    st.norm_partials = Data<T>(ub_partials);
+    st.num_norm_partials = parts;
+    st.beta_out = Data<T>(*beta);
+    st.vb_coef_out = Data<T>(*vb_coef);
+  });
+}
+
+ffi::Error IterationStepCpu(ffi::AnyBuffer vb, ffi::AnyBuffer h, ffi::AnyBuffer hbar, ffi::AnyBuffer x,
+                            ffi::AnyBuffer vb_partials, ffi::AnyBuffer sc, ffi::AnyBuffer ints,
+                            ffi::AnyBuffer beta, ffi::AnyBuffer params, ffi::Result<ffi::AnyBuffer> v_out,
+                            ffi::Result<ffi::AnyBuffer> h_out, ffi::Result<ffi::AnyBuffer> hbar_out,
+                            ffi::Result<ffi::AnyBuffer> x_out, ffi::Result<ffi::AnyBuffer> x_partials) {
+  auto shape = CheckVectors({&vb, &h, &hbar, &x, &*v_out, &*h_out, &*hbar_out, &*x_out},
+                            {"vb", "h", "hbar", "x", "v_out", "h_out", "hbar_out", "x_out"});
+  if (shape.has_error()) return shape.error();
+  const ffi::DataType dt = vb.element_type();
+  const int64_t parts = NormPartialsFor(dt, shape->n, PartialNormsUpdate::kUnroll);
+  ffi::Error e = CheckRowArray(vb_partials, "vb_partials", dt, vb, parts);
+  if (e.success()) e = CheckColumnState(vb, sc, ints, params, beta);
+  if (e.success()) e = CheckPartials(*x_partials, vb, NormPartialsFor(dt, shape->n));
+  if (!e.success()) return e;
+  const ffi::AnyBuffer* ins[] = {&vb, &h, &hbar, &x};
+  ffi::AnyBuffer* outs[] = {&*v_out, &*h_out, &*hbar_out, &*x_out};
+  return RunRows<LsmrIterationUpdate>(dt, "vb", *shape, ins, outs, nullptr, &*x_partials, [&](auto& st) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(st.sc)>>;
+    st.norm_partials = Data<T>(vb_partials);
+    st.num_norm_partials = parts;
+    st.sc = Data<T>(sc);
+    st.ints = Data<int32_t>(ints);
+    st.params = Data<T>(params);
+    st.beta = Data<T>(beta);
+  });
+}
+
+ffi::Error ScalarsCpu(ffi::AnyBuffer sc, ffi::AnyBuffer ints, ffi::AnyBuffer neg_alpha, ffi::AnyBuffer beta,
+                      ffi::AnyBuffer params, ffi::AnyBuffer maxiter, ffi::AnyBuffer vb_partials,
+                      ffi::AnyBuffer x_partials, ffi::Result<ffi::AnyBuffer> sc_out,
+                      ffi::Result<ffi::AnyBuffer> ints_out, ffi::Result<ffi::AnyBuffer> neg_alpha_out) {
+  auto args = CheckScalarsArgs(sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials, *sc_out,
+                               *ints_out, *neg_alpha_out);
+  if (args.has_error()) return args.error();
+  return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(sc.element_type(), "sc", [&](auto tag) -> ffi::Error {
+    using T = ffi::NativeType<decltype(tag)::value>;
+    const ScalarsArgs<T> a = args->Typed<T>();
+    for (int64_t r = 0; r < a.rows; ++r)
+      LsmrScalarStep(a, r, SumOfSquaresHost(a.v_partials + r * a.num_v_partials, a.num_v_partials),
+                     SumOfSquaresHost(a.x_partials + r * a.num_x_partials, a.num_x_partials));
+    return ffi::Error::Success();
+  });
 }
 
 }  // namespace
@@ -113,3 +221,47 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrStepCpu, jax_ops::lsmr::StepCpu,
                                   .Ret<xla::ffi::AnyBuffer>()    // hbar'
                                   .Ret<xla::ffi::AnyBuffer>()    // x'
                                   .Ret<xla::ffi::AnyBuffer>());  // partials
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrPartialNormsCpu, jax_ops::lsmr::PartialNormsCpu,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()    // vec
+                                  .Ret<xla::ffi::AnyBuffer>());  // partials
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrNormalizeCpu, jax_ops::lsmr::NormalizeCpu,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()    // ub
+                                  .Arg<xla::ffi::AnyBuffer>()    // ub_partials
+                                  .Ret<xla::ffi::AnyBuffer>()    // u
+                                  .Ret<xla::ffi::AnyBuffer>()    // beta
+                                  .Ret<xla::ffi::AnyBuffer>());  // vb_coef
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrIterationStepCpu, jax_ops::lsmr::IterationStepCpu,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()    // vb
+                                  .Arg<xla::ffi::AnyBuffer>()    // h
+                                  .Arg<xla::ffi::AnyBuffer>()    // hbar
+                                  .Arg<xla::ffi::AnyBuffer>()    // x
+                                  .Arg<xla::ffi::AnyBuffer>()    // vb_partials
+                                  .Arg<xla::ffi::AnyBuffer>()    // sc
+                                  .Arg<xla::ffi::AnyBuffer>()    // ints
+                                  .Arg<xla::ffi::AnyBuffer>()    // beta
+                                  .Arg<xla::ffi::AnyBuffer>()    // params
+                                  .Ret<xla::ffi::AnyBuffer>()    // v'
+                                  .Ret<xla::ffi::AnyBuffer>()    // h'
+                                  .Ret<xla::ffi::AnyBuffer>()    // hbar'
+                                  .Ret<xla::ffi::AnyBuffer>()    // x'
+                                  .Ret<xla::ffi::AnyBuffer>());  // x_partials
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrScalarsCpu, jax_ops::lsmr::ScalarsCpu,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::AnyBuffer>()    // sc
+                                  .Arg<xla::ffi::AnyBuffer>()    // ints
+                                  .Arg<xla::ffi::AnyBuffer>()    // neg_alpha
+                                  .Arg<xla::ffi::AnyBuffer>()    // beta
+                                  .Arg<xla::ffi::AnyBuffer>()    // params
+                                  .Arg<xla::ffi::AnyBuffer>()    // maxiter
+                                  .Arg<xla::ffi::AnyBuffer>()    // vb_partials
+                                  .Arg<xla::ffi::AnyBuffer>()    // x_partials
+                                  .Ret<xla::ffi::AnyBuffer>()    // sc'
+                                  .Ret<xla::ffi::AnyBuffer>()    // ints'
+                                  .Ret<xla::ffi::AnyBuffer>());  // -alpha

@@ -1,10 +1,38 @@
 // CUDA FFI handlers for the fused LSMR recurrences: decode, validate, dispatch on dtype, launch.
+#include <type_traits>
+
 #include "common/cuda_helpers.h"
 #include "lsmr/recurrence_kernels.h"
 #include "lsmr/recurrence_params.h"
 
 namespace jax_ops::lsmr {
 namespace {
+
+// Launches Update over `shape` after the caller's checks. `ins`/`outs`/`coefs` have Update::kIn/kOut/kCoef
+// entries; `partials` is Update's partial-norm output (or null); fill_state(state, tag) fills the ColumnState of a
+// kCoefFromState update.
+template <typename Update, typename FillState>
+ffi::Error Launch(cudaStream_t stream, ffi::DataType dtype, const char* name, const RowShape& shape,
+                  const ffi::AnyBuffer* const* ins, ffi::AnyBuffer* const* outs, const ffi::AnyBuffer* const* coefs,
+                  ffi::AnyBuffer* partials, FillState fill_state) {
+  auto props = CurrentDeviceProps();
+  if (props.has_error()) return props.error();
+  return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(dtype, name, [&](auto tag) -> ffi::Error {
+    using T = ffi::NativeType<decltype(tag)::value>;
+    RowwiseArgs<T, Update::kIn, Update::kOut, Update::kCoef> args;
+    for (int k = 0; k < Update::kIn; ++k) args.in[k] = static_cast<const T*>(ins[k]->untyped_data());
+    for (int k = 0; k < Update::kOut; ++k) args.out[k] = static_cast<T*>(outs[k]->untyped_data());
+    for (int k = 0; k < Update::kCoef; ++k) args.coef[k] = static_cast<const T*>(coefs[k]->untyped_data());
+    args.rows = shape.rows;
+    args.n = shape.n;
+    if (partials != nullptr) args.partials = static_cast<T*>(partials->untyped_data());
+    fill_state(args.state);
+    JAX_OPS_RETURN_IF_CUDA_ERROR((LaunchRowwise<Update, T>(stream, args, (*props)->sm_count)));
+    return ffi::Error::Success();
+  });
+}
+
+constexpr auto kNoState = [](auto&) {};
 
 template <typename Update, size_t NV, size_t NC>
 ffi::Error RunOnDevice(cudaStream_t stream, const ffi::AnyBuffer* const (&ins)[Update::kIn],
@@ -17,21 +45,16 @@ ffi::Error RunOnDevice(cudaStream_t stream, const ffi::AnyBuffer* const (&ins)[U
     ffi::Error e = CheckPartials(*partials, *vectors[0], NormPartialsFor(vectors[0]->element_type(), shape->n));
     if (!e.success()) return e;
   }
-  auto props = CurrentDeviceProps();
-  if (props.has_error()) return props.error();
-  return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(
-      ins[0]->element_type(), vector_names[0], [&](auto tag) -> ffi::Error {
-        using T = ffi::NativeType<decltype(tag)::value>;
-        RowwiseArgs<T, Update::kIn, Update::kOut, Update::kCoef> args;
-        for (int k = 0; k < Update::kIn; ++k) args.in[k] = static_cast<const T*>(ins[k]->untyped_data());
-        for (int k = 0; k < Update::kOut; ++k) args.out[k] = static_cast<T*>(outs[k]->untyped_data());
-        for (int k = 0; k < Update::kCoef; ++k) args.coef[k] = static_cast<const T*>(coefs[k]->untyped_data());
-        args.rows = shape->rows;
-        args.n = shape->n;
-        if (partials != nullptr) args.partials = static_cast<T*>(partials->untyped_data());
-        JAX_OPS_RETURN_IF_CUDA_ERROR((LaunchRowwise<Update, T>(stream, args, (*props)->sm_count)));
-        return ffi::Error::Success();
-      });
+  return Launch<Update>(stream, ins[0]->element_type(), vector_names[0], *shape, ins, outs, coefs, partials, kNoState);
+}
+
+template <typename T>
+const T* Data(const ffi::AnyBuffer& b) {
+  return static_cast<const T*>(b.untyped_data());
+}
+template <typename T>
+T* Data(ffi::AnyBuffer& b) {
+  return static_cast<T*>(b.untyped_data());
 }
 
 ffi::Error HbarXCuda(cudaStream_t stream, ffi::AnyBuffer h, ffi::AnyBuffer hbar, ffi::AnyBuffer x, ffi::AnyBuffer c_h,
@@ -56,6 +79,82 @@ ffi::Error StepCuda(cudaStream_t stream, ffi::AnyBuffer vb, ffi::AnyBuffer v, ff
                                      {&vb, &v, &h, &hbar, &x, &*v_out, &*h_out, &*hbar_out, &*x_out},
                                      {"vb", "v", "h", "hbar", "x", "v_out", "h_out", "hbar_out", "x_out"},
                                      {"s_v", "keep_v", "c_h", "c_x", "c_v"}, &*partials);
+}
+
+// ---- The fused iteration (recurrence_params.h: PartialNormsUpdate, NormalizeUpdate, LsmrIterationUpdate, scalars).
+
+ffi::Error PartialNormsCuda(cudaStream_t stream, ffi::AnyBuffer vec, ffi::Result<ffi::AnyBuffer> partials) {
+  auto shape = CheckVectors({&vec}, {"vec"});
+  if (shape.has_error()) return shape.error();
+  ffi::Error e = CheckPartials(*partials, vec, NormPartialsFor(vec.element_type(), shape->n, PartialNormsUpdate::kUnroll));
+  if (!e.success()) return e;
+  const ffi::AnyBuffer* ins[] = {&vec};
+  return Launch<PartialNormsUpdate>(stream, vec.element_type(), "vec", *shape, ins, nullptr, nullptr, &*partials,
+                                    kNoState);
+}
+
+ffi::Error NormalizeCuda(cudaStream_t stream, ffi::AnyBuffer ub, ffi::AnyBuffer ub_partials,
+                         ffi::Result<ffi::AnyBuffer> u, ffi::Result<ffi::AnyBuffer> beta,
+                         ffi::Result<ffi::AnyBuffer> vb_coef) {
+  auto shape = CheckVectors({&ub, &*u}, {"ub", "u"});
+  if (shape.has_error()) return shape.error();
+  const int64_t parts = NormPartialsFor(ub.element_type(), shape->n, PartialNormsUpdate::kUnroll);
+  ffi::Error e = CheckRowArray(ub_partials, "ub_partials", ub.element_type(), ub, parts);
+  if (e.success()) e = CheckRowArray(*beta, "beta", ub.element_type(), ub, -1);
+  if (e.success()) e = CheckRowArray(*vb_coef, "vb_coef", ub.element_type(), ub, -1);
+  if (!e.success()) return e;
+  const ffi::AnyBuffer* ins[] = {&ub};
+  ffi::AnyBuffer* outs[] = {&*u};
+  return Launch<NormalizeUpdate>(stream, ub.element_type(), "ub", *shape, ins, outs, nullptr, nullptr,
+                                 [&](auto& st) {
+                                   using T = std::remove_const_t<std::remove_pointer_t<decltype(st.sc)>>;
+                                   st.norm_partials = Data<T>(ub_partials);
+                                   st.num_norm_partials = parts;
+                                   st.beta_out = Data<T>(*beta);
+                                   st.vb_coef_out = Data<T>(*vb_coef);
+                                 });
+}
+
+ffi::Error IterationStepCuda(cudaStream_t stream, ffi::AnyBuffer vb, ffi::AnyBuffer h, ffi::AnyBuffer hbar,
+                             ffi::AnyBuffer x, ffi::AnyBuffer vb_partials, ffi::AnyBuffer sc,
+                             ffi::AnyBuffer ints, ffi::AnyBuffer beta, ffi::AnyBuffer params,
+                             ffi::Result<ffi::AnyBuffer> v_out, ffi::Result<ffi::AnyBuffer> h_out,
+                             ffi::Result<ffi::AnyBuffer> hbar_out, ffi::Result<ffi::AnyBuffer> x_out,
+                             ffi::Result<ffi::AnyBuffer> x_partials) {
+  auto shape = CheckVectors({&vb, &h, &hbar, &x, &*v_out, &*h_out, &*hbar_out, &*x_out},
+                            {"vb", "h", "hbar", "x", "v_out", "h_out", "hbar_out", "x_out"});
+  if (shape.has_error()) return shape.error();
+  const ffi::DataType dt = vb.element_type();
+  const int64_t parts = NormPartialsFor(dt, shape->n, PartialNormsUpdate::kUnroll);
+  ffi::Error e = CheckRowArray(vb_partials, "vb_partials", dt, vb, parts);
+  if (e.success()) e = CheckColumnState(vb, sc, ints, params, beta);
+  if (e.success()) e = CheckPartials(*x_partials, vb, NormPartialsFor(dt, shape->n));
+  if (!e.success()) return e;
+  const ffi::AnyBuffer* ins[] = {&vb, &h, &hbar, &x};
+  ffi::AnyBuffer* outs[] = {&*v_out, &*h_out, &*hbar_out, &*x_out};
+  return Launch<LsmrIterationUpdate>(stream, dt, "vb", *shape, ins, outs, nullptr, &*x_partials, [&](auto& st) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(st.sc)>>;
+    st.norm_partials = Data<T>(vb_partials);
+    st.num_norm_partials = parts;
+    st.sc = Data<T>(sc);
+    st.ints = Data<int32_t>(ints);
+    st.params = Data<T>(params);
+    st.beta = Data<T>(beta);
+  });
+}
+
+ffi::Error ScalarsCuda(cudaStream_t stream, ffi::AnyBuffer sc, ffi::AnyBuffer ints, ffi::AnyBuffer neg_alpha,
+                       ffi::AnyBuffer beta, ffi::AnyBuffer params, ffi::AnyBuffer maxiter, ffi::AnyBuffer vb_partials,
+                       ffi::AnyBuffer x_partials, ffi::Result<ffi::AnyBuffer> sc_out,
+                       ffi::Result<ffi::AnyBuffer> ints_out, ffi::Result<ffi::AnyBuffer> neg_alpha_out) {
+  auto args = CheckScalarsArgs(sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials, *sc_out,
+                               *ints_out, *neg_alpha_out);
+  if (args.has_error()) return args.error();
+  return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(sc.element_type(), "sc", [&](auto tag) -> ffi::Error {
+    using T = ffi::NativeType<decltype(tag)::value>;
+    JAX_OPS_RETURN_IF_CUDA_ERROR(LaunchScalars<T>(stream, args->Typed<T>()));
+    return ffi::Error::Success();
+  });
 }
 
 }  // namespace
@@ -100,4 +199,56 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrStepCuda, jax_ops::lsmr::StepCuda,
                                   .Ret<xla::ffi::AnyBuffer>()   // hbar'
                                   .Ret<xla::ffi::AnyBuffer>()   // x'
                                   .Ret<xla::ffi::AnyBuffer>(),  // partials
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrPartialNormsCuda, jax_ops::lsmr::PartialNormsCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()   // vec
+                                  .Ret<xla::ffi::AnyBuffer>(),  // partials
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrNormalizeCuda, jax_ops::lsmr::NormalizeCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()   // ub
+                                  .Arg<xla::ffi::AnyBuffer>()   // ub_partials
+                                  .Ret<xla::ffi::AnyBuffer>()   // u
+                                  .Ret<xla::ffi::AnyBuffer>()   // beta
+                                  .Ret<xla::ffi::AnyBuffer>(),  // vb_coef
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrIterationStepCuda, jax_ops::lsmr::IterationStepCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()   // vb
+                                  .Arg<xla::ffi::AnyBuffer>()   // h
+                                  .Arg<xla::ffi::AnyBuffer>()   // hbar
+                                  .Arg<xla::ffi::AnyBuffer>()   // x
+                                  .Arg<xla::ffi::AnyBuffer>()   // vb_partials
+                                  .Arg<xla::ffi::AnyBuffer>()   // sc
+                                  .Arg<xla::ffi::AnyBuffer>()   // ints
+                                  .Arg<xla::ffi::AnyBuffer>()   // beta
+                                  .Arg<xla::ffi::AnyBuffer>()   // params
+                                  .Ret<xla::ffi::AnyBuffer>()   // v'
+                                  .Ret<xla::ffi::AnyBuffer>()   // h'
+                                  .Ret<xla::ffi::AnyBuffer>()   // hbar'
+                                  .Ret<xla::ffi::AnyBuffer>()   // x'
+                                  .Ret<xla::ffi::AnyBuffer>(),  // x_partials
+                              {xla::ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrScalarsCuda, jax_ops::lsmr::ScalarsCuda,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<xla::ffi::AnyBuffer>()   // sc
+                                  .Arg<xla::ffi::AnyBuffer>()   // ints
+                                  .Arg<xla::ffi::AnyBuffer>()   // neg_alpha
+                                  .Arg<xla::ffi::AnyBuffer>()   // beta
+                                  .Arg<xla::ffi::AnyBuffer>()   // params
+                                  .Arg<xla::ffi::AnyBuffer>()   // maxiter
+                                  .Arg<xla::ffi::AnyBuffer>()   // vb_partials
+                                  .Arg<xla::ffi::AnyBuffer>()   // x_partials
+                                  .Ret<xla::ffi::AnyBuffer>()   // sc'
+                                  .Ret<xla::ffi::AnyBuffer>()   // ints'
+                                  .Ret<xla::ffi::AnyBuffer>(),  // -alpha
                               {xla::ffi::Traits::kCmdBufferCompatible});

@@ -16,16 +16,55 @@ struct alignas(16) Vec16 {
   T lane[kLanes];
 };
 
+// Sum of squares of a row's partial norms over the CTA (every thread gets it): a fixed order (strided per thread,
+// then an xor tree per warp and warp 0 over the warps), so every CTA of the row gets the same bits.
+template <typename T>
+__device__ double BlockSumOfSquares(const T* partials, int64_t count) {
+  __shared__ double warp_sums[kThreads / 32];
+  __shared__ double total;
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < count; i += kThreads) s += static_cast<double>(partials[i]) * partials[i];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_sums[warp] = s;
+  __syncthreads();
+  if (warp == 0) {
+    double w = lane < kThreads / 32 ? warp_sums[lane] : 0.0;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) w += __shfl_xor_sync(0xffffffffu, w, off);
+    if (lane == 0) total = w;
+  }
+  __syncthreads();
+  const double result = total;
+  __syncthreads();  // warp_sums / total are reused by the next call
+  return result;
+}
+
 // kUnroll: vectors per thread per step; the loads of all of them issue before any math.
 template <typename Update, int kUnroll, typename T, int NIn, int NOut, int NCoef>
 __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NOut, NCoef> args) {
   using V = Vec16<T>;
   constexpr int kLanes = V::kLanes;
+  constexpr int kOutN = NOut > 0 ? NOut : 1;  // array extents (an update may have no outputs)
+  constexpr int kCoefN = NCoef > 0 ? NCoef : 1;
   for (int64_t row = blockIdx.y; row < args.rows; row += gridDim.y) {
     const int64_t base = row * args.n;
-    T c[NCoef];
+    T c[kCoefN];
+    if constexpr (Update::kCoefFromState) {
+      // Every CTA of the row derives the coefficients from the same state (thread 0; shared with the CTA).
+      __shared__ T coef_shared[kCoefN];
+      const double squares = BlockSumOfSquares(args.state.norm_partials + row * args.state.num_norm_partials,
+                                               args.state.num_norm_partials);
+      if (threadIdx.x == 0) Update::Coefficients(args.state, row, squares, blockIdx.x == 0, coef_shared);
+      __syncthreads();
 #pragma unroll
-    for (int k = 0; k < NCoef; ++k) c[k] = args.coef[k][row];
+      for (int k = 0; k < NCoef; ++k) c[k] = coef_shared[k];
+      __syncthreads();  // coef_shared is rewritten for the next row
+    } else {
+#pragma unroll
+      for (int k = 0; k < NCoef; ++k) c[k] = args.coef[k][row];
+    }
 
     // Elements before the first 16-byte boundary; the vector path needs every pointer to agree on it.
     auto misalign = [&](const void* p) { return static_cast<int>((reinterpret_cast<uintptr_t>(p) % 16) / sizeof(T)); };
@@ -43,26 +82,27 @@ __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NO
     const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     const int64_t nthreads = static_cast<int64_t>(gridDim.x) * blockDim.x;
 
-    constexpr bool kNorms = Update::kNormOut >= 0;
-    double squares = 0;  // this thread's share of the sum of squares of out[kNormOut] in this CTA
-    auto add_square = [&](const T* out) {
-      if constexpr (kNorms) squares += static_cast<double>(out[Update::kNormOut]) * out[Update::kNormOut];
+    constexpr bool kNorms = Update::kNormOut >= 0 || Update::kNormIn >= 0;
+    double squares = 0;  // this thread's share of the sum of squares of the normed vector in this CTA
+    auto add_square = [&](const T* in, const T* out) {
+      if constexpr (Update::kNormOut >= 0) squares += static_cast<double>(out[Update::kNormOut]) * out[Update::kNormOut];
+      if constexpr (Update::kNormIn >= 0) squares += static_cast<double>(in[Update::kNormIn]) * in[Update::kNormIn];
     };
     // Scalar head and tail (the whole row when the pointers disagree on alignment).
     auto scalar = [&](int64_t i) {
-      T in[NIn], out[NOut];
+      T in[NIn], out[kOutN];
 #pragma unroll
       for (int k = 0; k < NIn; ++k) in[k] = args.in[k][base + i];
       Update::Apply(c, in, out);
 #pragma unroll
       for (int k = 0; k < NOut; ++k) args.out[k][base + i] = out[k];
-      add_square(out);
+      add_square(in, out);
     };
     for (int64_t i = tid; i < head; i += nthreads) scalar(i);
     for (int64_t i = tail_start + tid; i < args.n; i += nthreads) scalar(i);
 
     const V* vin[NIn];
-    V* vout[NOut];
+    V* vout[kOutN];
 #pragma unroll
     for (int k = 0; k < NIn; ++k) vin[k] = reinterpret_cast<const V*>(args.in[k] + base + head);
 #pragma unroll
@@ -82,16 +122,16 @@ __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NO
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t v = v0 + u * nthreads;
         if (v >= nvec) break;
-        V out[NOut];
+        V out[kOutN];
 #pragma unroll
         for (int l = 0; l < kLanes; ++l) {
-          T e_in[NIn], e_out[NOut];
+          T e_in[NIn], e_out[kOutN];
 #pragma unroll
           for (int k = 0; k < NIn; ++k) e_in[k] = in[u][k].lane[l];
           Update::Apply(c, e_in, e_out);
 #pragma unroll
           for (int k = 0; k < NOut; ++k) out[k].lane[l] = e_out[k];
-          add_square(e_out);
+          add_square(e_in, e_out);
         }
 #pragma unroll
         for (int k = 0; k < NOut; ++k) vout[k][v] = out[k];
@@ -122,10 +162,7 @@ template <typename Update, int kUnroll, typename T>
 cudaError_t LaunchRowwiseWith(cudaStream_t stream, const RowwiseArgs<T, Update::kIn, Update::kOut, Update::kCoef>& args,
                               int sm_count, int blocks_per_sm) {
   if (args.rows == 0) return cudaSuccess;
-  if (args.n == 0) {  // no elements: every row's norm is 0
-    if (Update::kNormOut >= 0) return cudaMemsetAsync(args.partials, 0, args.rows * sizeof(T), stream);
-    return cudaSuccess;
-  }
+  // n = 0 still launches one CTA per row: it writes the row's partial norm (0) and, for kCoefFromState, its outputs.
   constexpr int64_t kElemsPerBlockStep = int64_t{kThreads} * (16 / sizeof(T)) * kUnroll;
   const int64_t per_row_blocks = (args.n + kElemsPerBlockStep - 1) / kElemsPerBlockStep;
   const int64_t grid_y = std::min<int64_t>(args.rows, 65535);
@@ -144,13 +181,35 @@ cudaError_t LaunchRowwiseWith(cudaStream_t stream, const RowwiseArgs<T, Update::
 
 // Tuned on the H200 with ffi_cuda/tools/recurrence_bench.cu: one 16-byte vector per thread and an uncapped grid
 // gave 1.01x the copy kernel's bandwidth at n = 1e8 (capped grid-stride variants: 0.89-0.97x). See
-// docs/notes/recurrence.md.
+// docs/notes/recurrence.md. PartialNormsUpdate takes 4 vectors per thread (fewer partials for its consumers).
 template <typename Update, typename T>
 cudaError_t LaunchRowwise(cudaStream_t stream, const RowwiseArgs<T, Update::kIn, Update::kOut, Update::kCoef>& args,
                           int sm_count) {
-  // kUnroll = 1 and no cap: the grid's x extent is NormPartials(n, sizeof(T)), the row length of `partials`.
-  return LaunchRowwiseWith<Update, 1>(stream, args, sm_count, /*blocks_per_sm=*/0);
+  // No cap: the grid's x extent is NormPartials(n, sizeof(T), Update::kUnroll), the row length of `partials`.
+  return LaunchRowwiseWith<Update, Update::kUnroll>(stream, args, sm_count, /*blocks_per_sm=*/0);
 }
+
+// One CTA per row: the partials' sums of squares, then thread 0 runs the scalar recurrence.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) ScalarsKernel(ScalarsArgs<T> args) {
+  for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
+    const double squares_v =
+        BlockSumOfSquares(args.v_partials + row * args.num_v_partials, args.num_v_partials);
+    const double squares_x =
+        BlockSumOfSquares(args.x_partials + row * args.num_x_partials, args.num_x_partials);
+    if (threadIdx.x == 0) LsmrScalarStep(args, row, squares_v, squares_x);
+  }
+}
+
+template <typename T>
+cudaError_t LaunchScalars(cudaStream_t stream, const ScalarsArgs<T>& args) {
+  if (args.rows == 0) return cudaSuccess;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(args.rows, 65535));
+  ScalarsKernel<T><<<grid, kThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+template cudaError_t LaunchScalars<float>(cudaStream_t, const ScalarsArgs<float>&);
+template cudaError_t LaunchScalars<double>(cudaStream_t, const ScalarsArgs<double>&);
 
 #define JAX_OPS_INSTANTIATE(UPDATE, T)                        \
   template cudaError_t LaunchRowwise<UPDATE, T>(cudaStream_t, \
@@ -161,6 +220,12 @@ JAX_OPS_INSTANTIATE(HUpdate, float)
 JAX_OPS_INSTANTIATE(HUpdate, double)
 JAX_OPS_INSTANTIATE(LsmrStepUpdate, float)
 JAX_OPS_INSTANTIATE(LsmrStepUpdate, double)
+JAX_OPS_INSTANTIATE(PartialNormsUpdate, float)
+JAX_OPS_INSTANTIATE(PartialNormsUpdate, double)
+JAX_OPS_INSTANTIATE(NormalizeUpdate, float)
+JAX_OPS_INSTANTIATE(NormalizeUpdate, double)
+JAX_OPS_INSTANTIATE(LsmrIterationUpdate, float)
+JAX_OPS_INSTANTIATE(LsmrIterationUpdate, double)
 #undef JAX_OPS_INSTANTIATE
 
 }  // namespace jax_ops::lsmr

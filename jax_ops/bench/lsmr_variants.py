@@ -15,9 +15,10 @@ for every variant
       ``while`` (defaults + WHILE, CONDITIONAL, ``xla_gpu_graph_min_graph_size=1``: the whole loop one graph
       with a device-side condition)
   * plus ``u4-default-nopack`` (scalars carried as separate arrays, the previous loop carry),
-    ``u4-default-dbuf`` (``xla_gpu_enable_while_loop_double_buffering``) and ``u2-while-unfused`` (the
-    shipped loop with the step's vector update as XLA's v fusion, two kernels and XLA's ||x||, the
-    ``fused_step`` knob off). A name may repeat in JAX_OPS_LSMR_VARIANTS (interleaved A/B runs).
+    ``u4-default-dbuf`` (``xla_gpu_enable_while_loop_double_buffering``), ``u2-while-step`` (the shipped
+    loop with XLA's norms and scalar recurrence around the step kernel: lsmr_solver.ITERATIONS "step") and
+    ``u2-while-unfused`` ("unfused": also the step's vector update as XLA's v fusion, two kernels and XLA's
+    ||x||). A name may repeat in JAX_OPS_LSMR_VARIANTS (interleaved A/B runs).
 
 Each row: ``itn``/``istop`` (must be identical across variants: ``same`` says so, ``dx`` = max |x - x of the
 first variant|), ``us_per_iter``, ``x_pair`` = µs/iter / (A v + Aᵀu time, measured once per problem as in the
@@ -48,7 +49,8 @@ for _u in (1, 2, 4, 8):
         VARIANTS[f"u{_u}-{_cb}"] = (_u, _cb, {}, {})
 VARIANTS["u4-default-nopack"] = (4, "default", {}, {"pack_scalars": False})
 VARIANTS["u4-default-dbuf"] = (4, "default", {"xla_gpu_enable_while_loop_double_buffering": True}, {})
-VARIANTS["u2-while-unfused"] = (2, "while", {}, {"fused_step": False})  # the step's kernels as before
+VARIANTS["u2-while-step"] = (2, "while", {}, {"iteration": "step"})  # XLA's norms and scalar recurrence
+VARIANTS["u2-while-unfused"] = (2, "while", {}, {"iteration": "unfused"})  # and the step's vector kernels
 
 
 def _selected_variants() -> list[str]:
