@@ -8,8 +8,8 @@
 namespace jax_ops::lsmr {
 namespace {
 
-// Launches Update over `shape` after the caller's checks. `ins`/`outs`/`coefs` have Update::kIn/kOut/kCoef
-// entries; `partials` is Update's partial-norm output (or null); fill_state(state, tag) fills the ColumnState of a
+// Launches Update over `shape` after the caller's checks. `ins`/`outs` have Update::kIn/kOut entries, `coefs`
+// kCoef (none for a kCoefFromState update); `partials` is Update's partial-norm output (or null); fill_state(state, tag) fills the ColumnState of a
 // kCoefFromState update.
 template <typename Update, typename FillState>
 ffi::Error Launch(cudaStream_t stream, ffi::DataType dtype, const char* name, const RowShape& shape,
@@ -22,7 +22,8 @@ ffi::Error Launch(cudaStream_t stream, ffi::DataType dtype, const char* name, co
     RowwiseArgs<T, Update::kIn, Update::kOut, Update::kCoef> args;
     for (int k = 0; k < Update::kIn; ++k) args.in[k] = static_cast<const T*>(ins[k]->untyped_data());
     for (int k = 0; k < Update::kOut; ++k) args.out[k] = static_cast<T*>(outs[k]->untyped_data());
-    for (int k = 0; k < Update::kCoef; ++k) args.coef[k] = static_cast<const T*>(coefs[k]->untyped_data());
+    if constexpr (!Update::kCoefFromState)
+      for (int k = 0; k < Update::kCoef; ++k) args.coef[k] = static_cast<const T*>(coefs[k]->untyped_data());
     args.rows = shape.rows;
     args.n = shape.n;
     if (partials != nullptr) args.partials = static_cast<T*>(partials->untyped_data());
