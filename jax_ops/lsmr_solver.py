@@ -357,9 +357,12 @@ def _sym_ortho(a, b):
 
 # How an iteration's work after the two products runs (``_LoopConfig.iteration``; benchmark A/B knob):
 #   "kernels": the fused iteration (``_step_kernels``): the norms of u's and v's updates as partial norms, u's
-#     normalisation, the vector update and the whole scalar recurrence in four launches of our own kernels
-#     (``lsmr_kernels.normalize``/``iteration_step``/``iteration_scalars``), instead of XLA's two-pass
-#     reductions and scalar fusions. The default with the FFI kernels.
+#     normalisation, the vector update and the whole scalar recurrence in five launches of our own kernels
+#     (``lsmr_kernels.partial_norms``/``normalize``/``iteration_step``/``iteration_scalars``), instead of XLA's
+#     two-pass reductions and scalar fusions. The default with the FFI kernels for one right-hand side; a block
+#     solve (k > 1, vmap) runs "step": there the products see the block as [L, k] (the vmap fold) and XLA fuses
+#     those transposes into its vector fusions, while our row kernels would need them as separate copies
+#     (measured on the H200, ba-like x16: 573.7 us per iteration against 488.5 with "step").
 #   "step": XLA's norms and scalar recurrence (``_step``) with the vector update as ``lsmr_kernels.step_update``.
 #   "unfused": ``_step`` with XLA's v update, ``hbar_x_update``, ``h_update`` and XLA's ``||x||``.
 # "step" and "unfused" give bitwise the same iterates; "kernels" sums the norms in another order (float64 sums of
@@ -606,7 +609,7 @@ def _unpack(st):
 def _solve_block(spec, has_x0, loop, implementation, leaves, B, X0, cp):
     """The block solve: B [k, m] (X0 [k, n]) -> LSMRResult with a leading k."""
     state, normb = _init(spec, leaves, B, X0 if has_x0 else None, cp, implementation)
-    if loop.iteration == "kernels" and implementation != "xla":
+    if loop.iteration == "kernels" and implementation != "xla" and B.shape[0] == 1:
         return _solve_block_kernels(spec, leaves, cp, state, normb, loop.unroll)
     pack, unpack = (_pack, _unpack) if loop.pack_scalars else (lambda st: st, lambda st: st)
     iteration = "step" if loop.iteration == "kernels" else loop.iteration

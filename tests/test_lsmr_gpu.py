@@ -119,19 +119,25 @@ def test_gpu_every_stop_code(x64, code):
 
 def test_gpu_kernel_iteration_agrees_with_step(x64, monkeypatch):
     # The fused iteration (default) vs XLA's norms and scalar recurrence ("step") on the GPU, float64, before
-    # the loss of orthogonality: the same itn/istop, x to 1e-10.
+    # the loss of orthogonality: the same itn/istop, x to 1e-8.
     from jax_ops import lsmr_solver
 
     a = _gen(2000, 400)
     b = np.random.default_rng(4).standard_normal(2000)
     gpu = jax.devices("cuda")[0]
     out = _solve_on(gpu, a, b, atol=1e-8, btol=1e-8)
+    again = _solve_on(gpu, a, b, atol=1e-8, btol=1e-8)
     monkeypatch.setitem(lsmr_solver._TUNING, "iteration", "step")
     ref = _solve_on(gpu, a, b, atol=1e-8, btol=1e-8)
     assert (int(out.istop), int(out.itn)) == (int(ref.istop), int(ref.itn))
-    assert _rel(out.x, ref.x) <= 1e-10
+    # 1e-8 as GPU vs CPU: "step" itself moves by ~2e-10 between runs on the GPU (XLA's reductions are not
+    # deterministic there); the fused iteration repeats bitwise (below).
+    assert _rel(out.x, ref.x) <= 1e-8
     # The estimates with test_lsmr.py's bounds against SciPy: normx 1e-8; norma/conda accumulate the late
     # alpha/beta, which follow rounding once x has converged (1e-3, 1e-2); normr/normar are differences of nearly
     # equal quantities at convergence (1e-4). Measured on the H200: normar 6.4e-6, norma 1.3e-5 relative.
     for f, rel in (("normx", 1e-8), ("norma", 1e-3), ("conda", 1e-2), ("normr", 1e-4), ("normar", 1e-4)):
         assert abs(float(getattr(out, f)) - float(getattr(ref, f))) <= rel * abs(float(getattr(ref, f))), f
+    # Deterministic: the same solve again gave the same bits (fixed-order reductions in every kernel).
+    for f in out._fields:
+        np.testing.assert_array_equal(np.asarray(getattr(again, f)), np.asarray(getattr(out, f)), err_msg=f)
