@@ -91,6 +91,13 @@ def norm_partials(n: int, dtype, unroll: int = 1) -> int:
 _PARTIAL_NORMS_UNROLL = 4  # PartialNormsUpdate::kUnroll
 
 
+def columns_partials(n: int, k: int) -> int:
+    """Partial norms per column of a column-layout block [n, k] (``columns=True`` below): one per CTA, each taking
+    ``16384 // k`` rows (mirrors ``ColumnsPartials`` in ffi_cuda/lsmr/recurrence_params.h)."""
+    per_cta = 1 if k >= 16384 else 16384 // max(k, 1)
+    return 1 if n == 0 else -(-n // per_cta)
+
+
 def step_update(vb, v, h, hbar, x, s_v, keep_v, c_h, c_x, c_v, *, implementation: str | None = None):
     """One LSMR iteration's vector update after its two products, in one pass.
 
@@ -131,57 +138,75 @@ def step_update(vb, v, h, hbar, x, s_v, keep_v, c_h, c_x, c_v, *, implementation
 # reference is the solver's jnp recurrence (``implementation="xla"``). The scalar state's layout is the solver's:
 # ``sc`` [..., len(lsmr_solver._SCALARS)], ``ints`` int32 [..., 3] (itn, istop, done), ``params`` [..., 5] (damp,
 # atol, btol, conlim, ||b||), ``maxiter`` int32 [...]; ffi_cuda/lsmr/scalar_recurrence.h holds the recurrence.
+# Vectors come in the row layout ``[..., n]`` (one right-hand side per row; the state's leading shape is
+# ``[...]``) or, with ``columns=True``, in a block solve's column layout ``[n, k]`` (the k right-hand sides
+# interleaved, as the products' SpMM takes and gives them; the state's leading shape is ``[k]``).
 
 NUM_SCALARS, NUM_INTS, NUM_PARAMS = 23, 3, 5
 
 
-def partial_norms(vec: jax.Array) -> jax.Array:
-    """Norms of pieces of each row of ``vec`` [..., n]: ``[..., norm_partials(n, dtype, 4)]`` (each accumulated in
-    float64), so ``||row|| = ||partials||`` over the last axis."""
+def _lead_and_parts(vec: jax.Array, columns: bool, unroll: int) -> tuple[tuple[int, ...], int]:
+    """The state's leading shape and the partial norms' length for vectors ``vec`` (see the layouts above; the
+    column layout may have leading batch dims, as vmap over a batched matrix adds)."""
+    if columns:
+        if vec.ndim < 2:
+            raise ValueError(f"the column layout takes [..., n, k] blocks, got shape {tuple(vec.shape)}")
+        return (*vec.shape[:-2], vec.shape[-1]), columns_partials(vec.shape[-2], vec.shape[-1])
+    return tuple(vec.shape[:-1]), norm_partials(vec.shape[-1], vec.dtype, unroll)
+
+
+def partial_norms(vec: jax.Array, *, columns: bool = False) -> jax.Array:
+    """Norms of pieces of each row (each column with ``columns``) of ``vec``: ``[..., P]`` (each accumulated in
+    float64), so a row's norm is the norm of its partials over the last axis. P = ``norm_partials(n, dtype, 4)``
+    (``columns_partials(n, k)``)."""
     (vec,) = _vectors(vec=vec)
-    n = vec.shape[-1]
-    parts = jax.ShapeDtypeStruct(
-        (*vec.shape[:-1], norm_partials(n, vec.dtype, _PARTIAL_NORMS_UNROLL)), vec.dtype
-    )
-    return _ffi.ffi_call("jax_ops_lsmr_partial_norms", parts, vec)
+    lead, count = _lead_and_parts(vec, columns, _PARTIAL_NORMS_UNROLL)
+    parts = jax.ShapeDtypeStruct((*lead, count), vec.dtype)
+    return _ffi.ffi_call("jax_ops_lsmr_partial_norms", parts, vec, columns=np.int32(columns))
 
 
-def normalize(ub: jax.Array, ub_partials: jax.Array):
-    """SciPy's ``beta = ||ub||; u = ub * (1/beta)`` (``u = ub`` when beta = 0) per row, from ``partial_norms(ub)``.
+def normalize(ub: jax.Array, ub_partials: jax.Array, *, columns: bool = False):
+    """SciPy's ``beta = ||ub||; u = ub * (1/beta)`` (``u = ub`` when beta = 0) per row (column), from
+    ``partial_norms(ub)``.
 
-    Returns ``(u, beta, vb_coef)``; ``u`` aliases ``ub``, ``beta`` has the rows' shape ``[...]``. ``vb_coef`` is the
-    coefficient of v in the next product ``vb = A^T u + vb_coef * v``: ``-beta``, or 1 when beta = 0 (u is then 0,
-    so vb is v itself, the v SciPy keeps; :func:`iteration_step` then takes v from vb and needs no old v).
+    Returns ``(u, beta, vb_coef)``; ``u`` aliases ``ub``, ``beta`` has the state's leading shape. ``vb_coef`` is
+    the coefficient of v in the next product ``vb = A^T u + vb_coef * v``: ``-beta``, or 1 when beta = 0 (u is then
+    0, so vb is v itself, the v SciPy keeps; :func:`iteration_step` then takes v from vb and needs no old v).
     """
     (ub,) = _vectors(ub=ub)
-    row = jax.ShapeDtypeStruct(ub.shape[:-1], ub.dtype)
-    return tuple(
-        _ffi.ffi_call(
-            "jax_ops_lsmr_normalize",
-            (jax.ShapeDtypeStruct(ub.shape, ub.dtype), row, row),
-            ub,
-            ub_partials,
-            input_output_aliases={0: 0},
-        )
+    lead, _ = _lead_and_parts(ub, columns, _PARTIAL_NORMS_UNROLL)
+    row = jax.ShapeDtypeStruct(lead, ub.dtype)
+    ws = jax.ShapeDtypeStruct((*lead, 1) if columns else (0,), ub.dtype)  # per-column coefficients (columns)
+    u, beta, vb_coef, _ = _ffi.ffi_call(
+        "jax_ops_lsmr_normalize",
+        (jax.ShapeDtypeStruct(ub.shape, ub.dtype), row, row, ws),
+        ub,
+        ub_partials,
+        input_output_aliases={0: 0},
+        columns=np.int32(columns),
     )
+    return u, beta, vb_coef
 
 
-def iteration_step(vb, h, hbar, x, vb_partials, sc, ints, beta, params):
+def iteration_step(vb, h, hbar, x, vb_partials, sc, ints, beta, params, *, columns: bool = False):
     """:func:`step_update` with v' taken from ``vb`` itself when beta = 0 (see :func:`normalize`) and its
     coefficients derived in the kernel: ``alpha_raw = ||vb||`` from ``vb_partials`` (:func:`partial_norms`), then
     the rotations from the scalar state ``sc``/``ints``, this iteration's ``beta`` and ``params``' damp. Returns
-    ``(v', h', hbar', x', x_partials)`` (results alias vb, h, hbar, x; ``x_partials`` as :func:`step_update`'s)."""
+    ``(v', h', hbar', x', x_partials)`` (results alias vb, h, hbar, x; ``x_partials``: norms of pieces of x', P =
+    ``norm_partials(n, dtype)`` or ``columns_partials(n, k)``)."""
     vb, h, hbar, x = _vectors(vb=vb, h=h, hbar=hbar, x=x)
+    lead, count = _lead_and_parts(h, columns, 1)
     out = jax.ShapeDtypeStruct(h.shape, h.dtype)
-    x_parts = jax.ShapeDtypeStruct((*h.shape[:-1], norm_partials(h.shape[-1], h.dtype)), h.dtype)
-    return tuple(
-        _ffi.ffi_call(
-            "jax_ops_lsmr_iteration_step",
-            (out, out, out, out, x_parts),
-            vb, h, hbar, x, vb_partials, sc, ints, beta, params,
-            input_output_aliases={0: 0, 1: 1, 2: 2, 3: 3},
-        )
+    x_parts = jax.ShapeDtypeStruct((*lead, count), h.dtype)
+    ws = jax.ShapeDtypeStruct((*lead, 5) if columns else (0,), h.dtype)
+    *res, _ = _ffi.ffi_call(
+        "jax_ops_lsmr_iteration_step",
+        (out, out, out, out, x_parts, ws),
+        vb, h, hbar, x, vb_partials, sc, ints, beta, params,
+        input_output_aliases={0: 0, 1: 1, 2: 2, 3: 3},
+        columns=np.int32(columns),
     )  # fmt: skip
+    return tuple(res)
 
 
 def iteration_scalars(sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials):

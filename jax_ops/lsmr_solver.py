@@ -127,6 +127,15 @@ class _Spec(abc.ABC):
         """A^T U + beta[:, None] * V."""
         return self.rmv(leaves, U, cp) + beta[:, None] * V
 
+    # The same on blocks in the column layout (V [n, k], U [m, k]: the fused iteration's block solves).
+    def mv_axpby_cols(self, leaves, V, U, beta, cp):
+        """A V + U * beta[None, :] for column blocks (by default through mv_axpby on transposes)."""
+        return self.mv_axpby(leaves, V.T, U.T, beta, cp).T
+
+    def rmv_axpby_cols(self, leaves, U, V, beta, cp):
+        """A^T U + V * beta[None, :] for column blocks."""
+        return self.rmv_axpby(leaves, U.T, V.T, beta, cp).T
+
 
 @dataclasses.dataclass(frozen=True)
 class _Dense(_Spec):
@@ -140,6 +149,14 @@ class _Dense(_Spec):
     def rmv(self, leaves, U, cp):
         (a,) = leaves
         return jnp.matmul(U, a, precision=jax.lax.Precision.HIGHEST)
+
+    def mv_axpby_cols(self, leaves, V, U, beta, cp):
+        (a,) = leaves
+        return jnp.matmul(a, V, precision=jax.lax.Precision.HIGHEST) + U * beta[None, :]
+
+    def rmv_axpby_cols(self, leaves, U, V, beta, cp):
+        (a,) = leaves
+        return jnp.matmul(a.T, U, precision=jax.lax.Precision.HIGHEST) + V * beta[None, :]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +224,27 @@ class _Protocol(_Spec):
             return jax.vmap(a.rmatvec_axpby)(U, V, beta).astype(self.dtype)
         return super().rmv_axpby(leaves, U, V, beta, cp)
 
+    # A CSRPair multiplies column blocks directly (one SpMM over the k columns, no transposes).
+    def mv_axpby_cols(self, leaves, V, U, beta, cp):
+        a = self._a(leaves)
+        if _is_csr_pair(a):
+            return a.matmat(V, beta=beta, y=U).astype(self.dtype)
+        return super().mv_axpby_cols(leaves, V, U, beta, cp)
+
+    def rmv_axpby_cols(self, leaves, U, V, beta, cp):
+        a = self._a(leaves)
+        if _is_csr_pair(a):
+            return a.rmatmat(U, beta=beta, y=V).astype(self.dtype)
+        return super().rmv_axpby_cols(leaves, U, V, beta, cp)
+
+
+def _is_csr_pair(a) -> bool:
+    try:
+        from jax_ops.sparse import CSRPair
+    except ImportError:
+        return False
+    return isinstance(a, CSRPair)
+
 
 @dataclasses.dataclass(frozen=True)
 class _Transposed(_Spec):
@@ -233,6 +271,12 @@ class _Transposed(_Spec):
 
     def rmv_axpby(self, leaves, U, V, beta, cp):
         return self.inner.mv_axpby(leaves, U, V, beta, cp)
+
+    def mv_axpby_cols(self, leaves, V, U, beta, cp):
+        return self.inner.rmv_axpby_cols(leaves, V, U, beta, cp)
+
+    def rmv_axpby_cols(self, leaves, U, V, beta, cp):
+        return self.inner.mv_axpby_cols(leaves, U, V, beta, cp)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,10 +403,11 @@ def _sym_ortho(a, b):
 #   "kernels": the fused iteration (``_step_kernels``): the norms of u's and v's updates as partial norms, u's
 #     normalisation, the vector update and the whole scalar recurrence in five launches of our own kernels
 #     (``lsmr_kernels.partial_norms``/``normalize``/``iteration_step``/``iteration_scalars``), instead of XLA's
-#     two-pass reductions and scalar fusions. The default with the FFI kernels for one right-hand side; a block
-#     solve (k > 1, vmap) runs "step": there the products see the block as [L, k] (the vmap fold) and XLA fuses
-#     those transposes into its vector fusions, while our row kernels would need them as separate copies
-#     (measured on the H200, ba-like x16: 573.7 us per iteration against 488.5 with "step").
+#     two-pass reductions and scalar fusions. The default with the FFI kernels. A block solve (k > 1, vmap) keeps
+#     its vectors in the column layout [L, k] that the products' SpMM takes and gives: in the row layout [k, L]
+#     the vmap fold's transposes around each product become separate copies that XLA could fuse only into its
+#     own vector fusions (measured on the H200, ba-like x16: 573.7 us per iteration in the row layout against
+#     488.5 with "step").
 #   "step": XLA's norms and scalar recurrence (``_step``) with the vector update as ``lsmr_kernels.step_update``.
 #   "unfused": ``_step`` with XLA's v update, ``hbar_x_update``, ``h_update`` and XLA's ``||x||``.
 # "step" and "unfused" give bitwise the same iterates; "kernels" sums the norms in another order (float64 sums of
@@ -609,8 +654,8 @@ def _unpack(st):
 def _solve_block(spec, has_x0, loop, implementation, leaves, B, X0, cp):
     """The block solve: B [k, m] (X0 [k, n]) -> LSMRResult with a leading k."""
     state, normb = _init(spec, leaves, B, X0 if has_x0 else None, cp, implementation)
-    if loop.iteration == "kernels" and implementation != "xla" and B.shape[0] == 1:
-        return _solve_block_kernels(spec, leaves, cp, state, normb, loop.unroll)
+    if loop.iteration == "kernels" and implementation != "xla":
+        return _solve_block_kernels(spec, leaves, cp, state, normb, loop.unroll, columns=B.shape[0] > 1)
     pack, unpack = (_pack, _unpack) if loop.pack_scalars else (lambda st: st, lambda st: st)
     iteration = "step" if loop.iteration == "kernels" else loop.iteration
 
@@ -627,20 +672,25 @@ def _solve_block(spec, has_x0, loop, implementation, leaves, B, X0, cp):
     )  # fmt: skip
 
 
-def _step_kernels(spec, leaves, cp, params, c):
-    """One guarded iteration of the fused loop (``iteration="kernels"``): the two products and four launches.
+def _step_kernels(spec, leaves, cp, params, c, columns=False):
+    """One guarded iteration of the fused loop (``iteration="kernels"``): the two products and five launches.
 
-    ``c`` is the carry: vectors ``x, u, v, h, hbar``, the scalars ``sc`` [k, len(_SCALARS)], ``ints`` [k, 3] (itn,
-    istop, done) and ``neg_alpha`` [k] (-alpha, the next product's coefficient). The arithmetic is ``_step``'s
-    (ffi_cuda/lsmr/scalar_recurrence.h mirrors it statement by statement); only the norms' summation order differs.
+    ``c`` is the carry: vectors ``x, u, v, h, hbar`` (rows ``[k, L]``, or with ``columns`` a block solve's
+    column layout ``[L, k]``, which the products' SpMM takes and gives without transposes), the scalars ``sc``
+    [k, len(_SCALARS)], ``ints`` [k, 3] (itn, istop, done) and ``neg_alpha`` [k] (-alpha, the next product's
+    coefficient). The arithmetic is ``_step``'s (ffi_cuda/lsmr/scalar_recurrence.h mirrors it statement by
+    statement); only the norms' summation order differs.
     """
-    ub = spec.mv_axpby(leaves, c["v"], c["u"], c["neg_alpha"], cp)  # A v - alpha u
-    u, beta, vb_coef = lsmr_kernels.normalize(ub, lsmr_kernels.partial_norms(ub))
+    mv, rmv = (spec.mv_axpby_cols, spec.rmv_axpby_cols) if columns else (spec.mv_axpby, spec.rmv_axpby)
+    ub = mv(leaves, c["v"], c["u"], c["neg_alpha"], cp)  # A v - alpha u
+    u, beta, vb_coef = lsmr_kernels.normalize(
+        ub, lsmr_kernels.partial_norms(ub, columns=columns), columns=columns
+    )
     # A^T u - beta v; when beta = 0, u = 0 and vb_coef = 1: vb = v, the v SciPy keeps (no copy of v needed).
-    vb = spec.rmv_axpby(leaves, u, c["v"], vb_coef, cp)
-    vb_parts = lsmr_kernels.partial_norms(vb)
+    vb = rmv(leaves, u, c["v"], vb_coef, cp)
+    vb_parts = lsmr_kernels.partial_norms(vb, columns=columns)
     v, h, hbar, x, x_parts = lsmr_kernels.iteration_step(
-        vb, c["h"], c["hbar"], c["x"], vb_parts, c["sc"], c["ints"], beta, params
+        vb, c["h"], c["hbar"], c["x"], vb_parts, c["sc"], c["ints"], beta, params, columns=columns
     )
     sc, ints, neg_alpha = lsmr_kernels.iteration_scalars(
         c["sc"], c["ints"], c["neg_alpha"], beta, params, cp.maxiter, vb_parts, x_parts
@@ -648,11 +698,13 @@ def _step_kernels(spec, leaves, cp, params, c):
     return {"x": x, "u": u, "v": v, "h": h, "hbar": hbar, "sc": sc, "ints": ints, "neg_alpha": neg_alpha}
 
 
-def _solve_block_kernels(spec, leaves, cp, state, normb, unroll):
-    """The while loop of the fused iteration, from ``_init``'s state."""
+def _solve_block_kernels(spec, leaves, cp, state, normb, unroll, columns):
+    """The while loop of the fused iteration, from ``_init``'s state (vectors transposed to the column layout
+    once, before the loop, when ``columns``)."""
     dt = state["x"].dtype
+    vec = (lambda a: a.T) if columns else (lambda a: a)
     carry = {
-        **{key: state[key] for key in ("x", "u", "v", "h", "hbar")},
+        **{key: vec(state[key]) for key in ("x", "u", "v", "h", "hbar")},
         "sc": jnp.stack([state[key] for key in _SCALARS], axis=-1),
         "ints": jnp.stack([state["itn"], state["istop"], state["done"].astype(jnp.int32)], axis=-1),
         "neg_alpha": -state["alpha"],
@@ -662,21 +714,15 @@ def _solve_block_kernels(spec, leaves, cp, state, normb, unroll):
 
     def body(c):
         for _ in range(unroll):
-            c = _step_kernels(spec, leaves, cp, params, c)
+            c = _step_kernels(spec, leaves, cp, params, c, columns)
         return c
 
     c = jax.lax.while_loop(lambda c: ~jnp.all(c["ints"][:, 2] != 0), body, carry)
     sc = {key: c["sc"][:, i] for i, key in enumerate(_SCALARS)}
     return LSMRResult(
-        c["x"],
-        c["ints"][:, 1],
-        c["ints"][:, 0],
-        sc["normr"],
-        sc["normar"],
-        sc["normA"],
-        sc["condA"],
+        vec(c["x"]), c["ints"][:, 1], c["ints"][:, 0], sc["normr"], sc["normar"], sc["normA"], sc["condA"],
         sc["normx"],
-    )
+    )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)

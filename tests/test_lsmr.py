@@ -490,6 +490,22 @@ def test_vmap_nested_and_batched_params(x64):
     assert _rel(out.x[1], ref[0]) <= 1e-6 and int(out.itn[1]) == ref[2]
 
 
+def test_vmap_block_over_batched_matrices(x64):
+    # vmap over b (a block solve: the fused iteration's column layout [n, k]) inside vmap over a batched matrix (JAX
+    # batches the loop: the kernels then see leading batch dims [B, n, k]).
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((2, 60, 20))
+    b = rng.standard_normal((2, 3, 60))
+    out = jax.vmap(lambda a_, b_: jax.vmap(lambda bb: jax_ops.lsmr(a_, bb))(b_))(
+        jnp.asarray(a), jnp.asarray(b)
+    )
+    for i in range(2):
+        for j in range(3):
+            ref = scipy_lsmr(a[i], b[i, j])
+            assert (int(out.istop[i, j]), int(out.itn[i, j])) == ref[1:3]
+            assert _rel(out.x[i, j], ref[0]) <= 1e-10
+
+
 # -------------------------------------------------------------------------------------------------- gradients
 
 

@@ -1,5 +1,6 @@
 """The fused LSMR recurrences (vertical slice) on the CPU twin, against a float64 NumPy reference."""
 
+import functools
 import re
 
 import jax
@@ -338,3 +339,41 @@ def test_fused_iteration_kernels_validate_their_arguments():
     )
     assert np.all(np.asarray(ints2)[:, 0] == 1) and np.all(np.isfinite(np.asarray(sc2)))
     np.testing.assert_array_equal(np.asarray(neg_alpha), -np.asarray(sc2)[:, 0])
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (1, 1), (5000, 3), (20_001, 16), (3, 300)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_column_layout_matches_row_layout(shape, dtype, x64):
+    # A block solve's column layout [n, k] (columns=True) against the row layout on the transposed block: the same
+    # norms, u, beta, and the same update (its coefficients derived from the same state); partial norms per column.
+    rng = np.random.default_rng(sum(shape))
+    n, k = shape
+    ub, vb, h, hbar, x = (rng.standard_normal(shape).astype(dtype) for _ in range(5))
+    sc = jnp.asarray((np.abs(rng.standard_normal((k, lsmr_kernels.NUM_SCALARS))) + 0.5).astype(dtype))
+    ints = jnp.asarray(np.tile(np.asarray([3, 0, 0], np.int32), (k, 1)))
+    params = jnp.asarray(np.tile(np.asarray([0.1, 1e-6, 1e-6, 1e8, 2.0], dtype), (k, 1)))
+
+    def run(columns, ub, vb, h, hbar, x):
+        u, beta, vb_coef = lsmr_kernels.normalize(
+            ub, lsmr_kernels.partial_norms(ub, columns=columns), columns=columns
+        )
+        vb_parts = lsmr_kernels.partial_norms(vb, columns=columns)
+        out = lsmr_kernels.iteration_step(vb, h, hbar, x, vb_parts, sc, ints, beta, params, columns=columns)
+        return u, beta, vb_coef, vb_parts, *out
+
+    cols = jax.jit(functools.partial(run, True))(ub, vb, h, hbar, x)
+    rows = jax.jit(functools.partial(run, False))(ub.T, vb.T, h.T, hbar.T, x.T)
+    assert cols[3].shape == (k, lsmr_kernels.columns_partials(n, k))
+    assert cols[8].shape == (k, lsmr_kernels.columns_partials(n, k))
+    for i in (0, 4, 5, 6, 7):  # u, v, h, hbar, x
+        _assert_close(np.asarray(cols[i]).T, np.asarray(rows[i], np.float64), dtype)
+    for i in (1, 2):  # beta, vb_coef
+        np.testing.assert_allclose(np.asarray(cols[i]), np.asarray(rows[i]), rtol=TOL[dtype])
+    for i in (3, 8):  # partial norms: the same column norms
+        np.testing.assert_allclose(
+            np.linalg.norm(np.asarray(cols[i], np.float64), axis=-1),
+            np.linalg.norm(np.asarray(rows[i], np.float64), axis=-1),
+            rtol=TOL[dtype],
+        )
+    with pytest.raises(ValueError, match=r"column layout takes \[..., n, k\]"):
+        lsmr_kernels.partial_norms(jnp.ones((4,), dtype), columns=True)

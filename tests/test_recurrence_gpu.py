@@ -198,3 +198,32 @@ def test_small_fused_iteration_kernels_cuda_match_cpu_twin(shape, dtype, x64):
         np.testing.assert_array_equal(np.asarray(g[8]).reshape(rows, -1)[-1], sc.reshape(rows, -1)[-1])
         np.testing.assert_array_equal(np.asarray(g[6]).reshape(rows, -1)[-1], x.reshape(rows, -1)[-1])
     assert np.all(np.asarray(g[9])[..., 0].reshape(rows)[: rows - 1 if rows > 1 else rows] == 4)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5000, 3), (1_000_003, 16), (3, 300)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_small_column_layout_cuda_matches_cpu_twin(shape, dtype, x64):
+    # The column layout [n, k] of a block solve (columns=True): CUDA vs the CPU twin, and against a float64
+    # reference of the norms. Column tiles of 16 (k = 16), a ragged k = 3 (idle threads in each CTA), k > n.
+    rng = np.random.default_rng(sum(shape) + 3)
+    n, k = shape
+    ub, vb, h, hbar, x = (rng.standard_normal(shape).astype(dtype) for _ in range(5))
+    sc = (np.abs(rng.standard_normal((k, lsmr_kernels.NUM_SCALARS))) + 0.5).astype(dtype)
+    ints = np.tile(np.asarray([3, 0, 0], np.int32), (k, 1))
+    params = np.tile(np.asarray([0.1, 1e-6, 1e-6, 1e8, 2.0], dtype), (k, 1))
+
+    def run(ub, vb, h, hbar, x, sc, ints, params):
+        u, beta, vb_coef = lsmr_kernels.normalize(
+            ub, lsmr_kernels.partial_norms(ub, columns=True), columns=True
+        )
+        vb_parts = lsmr_kernels.partial_norms(vb, columns=True)
+        out = lsmr_kernels.iteration_step(vb, h, hbar, x, vb_parts, sc, ints, beta, params, columns=True)
+        return u, beta, vb_coef, vb_parts, *out
+
+    g, c = _run_both(run, ub, vb, h, hbar, x, sc, ints, params)
+    f64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    assert _rel(g[1], np.linalg.norm(f64(ub), axis=0)) <= TOL[dtype]
+    assert _rel(np.linalg.norm(f64(g[3]), axis=-1), np.linalg.norm(f64(vb), axis=0)) <= TOL[dtype]
+    assert _rel(g[0], f64(ub) / np.linalg.norm(f64(ub), axis=0)) <= TOL[dtype]
+    for i, name in enumerate(("u", "beta", "vb_coef", "vb_parts", "v", "h", "hbar", "x", "x_parts")):
+        assert _rel(g[i], f64(c[i])) <= 4 * TOL[dtype], name

@@ -110,28 +110,81 @@ ffi::Error StepCpu(ffi::AnyBuffer vb, ffi::AnyBuffer v, ffi::AnyBuffer h, ffi::A
 }
 
 // ---- The fused iteration (recurrence_params.h: PartialNormsUpdate, NormalizeUpdate, LsmrIterationUpdate, scalars).
+// `columns` picks the layout of the vectors (BlockShape): rows [rows..., n] or a block solve's columns [n, cols].
 
-ffi::Error PartialNormsCpu(ffi::AnyBuffer vec, ffi::Result<ffi::AnyBuffer> partials) {
-  auto shape = CheckVectors({&vec}, {"vec"});
+// RunRows for either layout. In the column layout, column c's coefficients come from Update::Coefficients on the
+// state (kCoefFromState), its partial p covers rows [p * R, (p + 1) * R) (R = ColumnsRowsPerCta, the CUDA CTAs').
+template <typename Update, typename FillState>
+ffi::Error RunBlock(ffi::DataType dtype, const char* name, const BlockShape& shape, const ffi::AnyBuffer* const* ins,
+                    ffi::AnyBuffer* const* outs, ffi::AnyBuffer* partials, FillState fill_state) {
+  if (!shape.columns) return RunRows<Update>(dtype, name, RowShape{shape.rows, shape.n}, ins, outs, nullptr, partials, fill_state);
+  constexpr int kOutN = Update::kOut > 0 ? Update::kOut : 1;
+  constexpr int kCoefN = Update::kCoef > 0 ? Update::kCoef : 1;
+  return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(dtype, name, [&](auto tag) -> ffi::Error {
+    using T = ffi::NativeType<decltype(tag)::value>;
+    const T* in_ptr[Update::kIn];
+    T* out_ptr[kOutN];
+    for (int k = 0; k < Update::kIn; ++k) in_ptr[k] = static_cast<const T*>(ins[k]->untyped_data());
+    for (int k = 0; k < Update::kOut; ++k) out_ptr[k] = static_cast<T*>(outs[k]->untyped_data());
+    ColumnState<T> state;
+    fill_state(state);
+    const int64_t cols = shape.cols, n = shape.n;
+    const int64_t per_part = ColumnsRowsPerCta(cols), num_partials = ColumnsPartials(n, cols);
+    T* part = partials != nullptr ? static_cast<T*>(partials->untyped_data()) : nullptr;
+    for (int64_t b = 0; b < shape.batch; ++b) {
+      for (int64_t col = 0; col < cols; ++col) {
+        const int64_t row = b * cols + col;  // the state row
+        T c[kCoefN] = {};
+        if constexpr (Update::kCoefFromState)
+          Update::Coefficients(state, row,
+                               SumOfSquaresHost(state.norm_partials + row * state.num_norm_partials,
+                                                state.num_norm_partials),
+                               /*first_cta=*/true, c);
+        for (int64_t p = 0; p < num_partials; ++p) {
+          CompensatedSum squares;
+          for (int64_t r = p * per_part; r < std::min(n, (p + 1) * per_part); ++r) {
+            const int64_t i = (b * n + r) * cols + col;
+            T in[Update::kIn], out[kOutN];
+            for (int k = 0; k < Update::kIn; ++k) in[k] = in_ptr[k][i];
+            Update::Apply(c, in, out);
+            for (int k = 0; k < Update::kOut; ++k) out_ptr[k][i] = out[k];
+            if constexpr (Update::kNormOut >= 0)
+              squares.Add(static_cast<double>(out[Update::kNormOut]) * out[Update::kNormOut]);
+            if constexpr (Update::kNormIn >= 0)
+              squares.Add(static_cast<double>(in[Update::kNormIn]) * in[Update::kNormIn]);
+          }
+          if (part != nullptr) part[row * num_partials + p] = static_cast<T>(std::sqrt(squares.Value()));
+        }
+      }
+    }
+    return ffi::Error::Success();
+  });
+}
+
+ffi::Error PartialNormsCpu(ffi::AnyBuffer vec, ffi::Result<ffi::AnyBuffer> partials, int32_t columns) {
+  auto shape = CheckBlock({&vec}, {"vec"}, columns != 0);
   if (shape.has_error()) return shape.error();
-  ffi::Error e = CheckPartials(*partials, vec, NormPartialsFor(vec.element_type(), shape->n, PartialNormsUpdate::kUnroll));
-  if (!e.success()) return e;
+  const ffi::DataType dt = vec.element_type();
+  JAX_OPS_RETURN_IF_ERROR(
+      CheckRowArray(*partials, "partials", dt, shape->lead, shape->Partials(dt, PartialNormsUpdate::kUnroll)));
   const ffi::AnyBuffer* ins[] = {&vec};
-  return RunRows<PartialNormsUpdate>(vec.element_type(), "vec", *shape, ins, nullptr, nullptr, &*partials, kNoState);
+  return RunBlock<PartialNormsUpdate>(dt, "vec", *shape, ins, nullptr, &*partials, kNoState);
 }
 
 ffi::Error NormalizeCpu(ffi::AnyBuffer ub, ffi::AnyBuffer ub_partials, ffi::Result<ffi::AnyBuffer> u,
-                        ffi::Result<ffi::AnyBuffer> beta, ffi::Result<ffi::AnyBuffer> vb_coef) {
-  auto shape = CheckVectors({&ub, &*u}, {"ub", "u"});
+                        ffi::Result<ffi::AnyBuffer> beta, ffi::Result<ffi::AnyBuffer> vb_coef,
+                        ffi::Result<ffi::AnyBuffer> coef_ws, int32_t columns) {
+  auto shape = CheckBlock({&ub, &*u}, {"ub", "u"}, columns != 0);
   if (shape.has_error()) return shape.error();
-  const int64_t parts = NormPartialsFor(ub.element_type(), shape->n, PartialNormsUpdate::kUnroll);
-  ffi::Error e = CheckRowArray(ub_partials, "ub_partials", ub.element_type(), ub, parts);
-  if (e.success()) e = CheckRowArray(*beta, "beta", ub.element_type(), ub, -1);
-  if (e.success()) e = CheckRowArray(*vb_coef, "vb_coef", ub.element_type(), ub, -1);
-  if (!e.success()) return e;
+  const ffi::DataType dt = ub.element_type();
+  const int64_t parts = shape->Partials(dt, PartialNormsUpdate::kUnroll);
+  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(ub_partials, "ub_partials", dt, shape->lead, parts));
+  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(*beta, "beta", dt, shape->lead, -1));
+  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(*vb_coef, "vb_coef", dt, shape->lead, -1));
+  JAX_OPS_RETURN_IF_ERROR(CheckCoefWorkspace(*coef_ws, dt, *shape, NormalizeUpdate::kCoef));
   const ffi::AnyBuffer* ins[] = {&ub};
   ffi::AnyBuffer* outs[] = {&*u};
-  return RunRows<NormalizeUpdate>(ub.element_type(), "ub", *shape, ins, outs, nullptr, nullptr, [&](auto& st) {
+  return RunBlock<NormalizeUpdate>(dt, "ub", *shape, ins, outs, nullptr, [&](auto& st) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(st.sc)>>;
     st.norm_partials = Data<T>(ub_partials);
     st.num_norm_partials = parts;
@@ -141,22 +194,23 @@ ffi::Error NormalizeCpu(ffi::AnyBuffer ub, ffi::AnyBuffer ub_partials, ffi::Resu
 }
 
 ffi::Error IterationStepCpu(ffi::AnyBuffer vb, ffi::AnyBuffer h, ffi::AnyBuffer hbar, ffi::AnyBuffer x,
-                            ffi::AnyBuffer vb_partials, ffi::AnyBuffer sc, ffi::AnyBuffer ints,
-                            ffi::AnyBuffer beta, ffi::AnyBuffer params, ffi::Result<ffi::AnyBuffer> v_out,
+                            ffi::AnyBuffer vb_partials, ffi::AnyBuffer sc, ffi::AnyBuffer ints, ffi::AnyBuffer beta,
+                            ffi::AnyBuffer params, ffi::Result<ffi::AnyBuffer> v_out,
                             ffi::Result<ffi::AnyBuffer> h_out, ffi::Result<ffi::AnyBuffer> hbar_out,
-                            ffi::Result<ffi::AnyBuffer> x_out, ffi::Result<ffi::AnyBuffer> x_partials) {
-  auto shape = CheckVectors({&vb, &h, &hbar, &x, &*v_out, &*h_out, &*hbar_out, &*x_out},
-                            {"vb", "h", "hbar", "x", "v_out", "h_out", "hbar_out", "x_out"});
+                            ffi::Result<ffi::AnyBuffer> x_out, ffi::Result<ffi::AnyBuffer> x_partials,
+                            ffi::Result<ffi::AnyBuffer> coef_ws, int32_t columns) {
+  auto shape = CheckBlock({&vb, &h, &hbar, &x, &*v_out, &*h_out, &*hbar_out, &*x_out},
+                          {"vb", "h", "hbar", "x", "v_out", "h_out", "hbar_out", "x_out"}, columns != 0);
   if (shape.has_error()) return shape.error();
   const ffi::DataType dt = vb.element_type();
-  const int64_t parts = NormPartialsFor(dt, shape->n, PartialNormsUpdate::kUnroll);
-  ffi::Error e = CheckRowArray(vb_partials, "vb_partials", dt, vb, parts);
-  if (e.success()) e = CheckColumnState(vb, sc, ints, params, beta);
-  if (e.success()) e = CheckPartials(*x_partials, vb, NormPartialsFor(dt, shape->n));
-  if (!e.success()) return e;
+  const int64_t parts = shape->Partials(dt, PartialNormsUpdate::kUnroll);
+  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(vb_partials, "vb_partials", dt, shape->lead, parts));
+  JAX_OPS_RETURN_IF_ERROR(CheckColumnState(dt, shape->lead, sc, ints, params, beta));
+  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(*x_partials, "x_partials", dt, shape->lead, shape->Partials(dt, 1)));
+  JAX_OPS_RETURN_IF_ERROR(CheckCoefWorkspace(*coef_ws, dt, *shape, LsmrIterationUpdate::kCoef));
   const ffi::AnyBuffer* ins[] = {&vb, &h, &hbar, &x};
   ffi::AnyBuffer* outs[] = {&*v_out, &*h_out, &*hbar_out, &*x_out};
-  return RunRows<LsmrIterationUpdate>(dt, "vb", *shape, ins, outs, nullptr, &*x_partials, [&](auto& st) {
+  return RunBlock<LsmrIterationUpdate>(dt, "vb", *shape, ins, outs, &*x_partials, [&](auto& st) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(st.sc)>>;
     st.norm_partials = Data<T>(vb_partials);
     st.num_norm_partials = parts;
@@ -224,16 +278,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrStepCpu, jax_ops::lsmr::StepCpu,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrPartialNormsCpu, jax_ops::lsmr::PartialNormsCpu,
                               xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()    // vec
-                                  .Ret<xla::ffi::AnyBuffer>());  // partials
+                                  .Arg<xla::ffi::AnyBuffer>()  // vec
+                                  .Ret<xla::ffi::AnyBuffer>()  // partials
+                                  .Attr<int32_t>("columns"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrNormalizeCpu, jax_ops::lsmr::NormalizeCpu,
                               xla::ffi::Ffi::Bind()
                                   .Arg<xla::ffi::AnyBuffer>()    // ub
                                   .Arg<xla::ffi::AnyBuffer>()    // ub_partials
                                   .Ret<xla::ffi::AnyBuffer>()    // u
-                                  .Ret<xla::ffi::AnyBuffer>()    // beta
-                                  .Ret<xla::ffi::AnyBuffer>());  // vb_coef
+                                  .Ret<xla::ffi::AnyBuffer>()  // beta
+                                  .Ret<xla::ffi::AnyBuffer>()  // vb_coef
+                                  .Ret<xla::ffi::AnyBuffer>()  // coef_ws
+                                  .Attr<int32_t>("columns"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrIterationStepCpu, jax_ops::lsmr::IterationStepCpu,
                               xla::ffi::Ffi::Bind()
@@ -249,8 +306,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrIterationStepCpu, jax_ops::lsmr::Iterati
                                   .Ret<xla::ffi::AnyBuffer>()    // v'
                                   .Ret<xla::ffi::AnyBuffer>()    // h'
                                   .Ret<xla::ffi::AnyBuffer>()    // hbar'
-                                  .Ret<xla::ffi::AnyBuffer>()    // x'
-                                  .Ret<xla::ffi::AnyBuffer>());  // x_partials
+                                  .Ret<xla::ffi::AnyBuffer>()  // x'
+                                  .Ret<xla::ffi::AnyBuffer>()  // x_partials
+                                  .Ret<xla::ffi::AnyBuffer>()  // coef_ws
+                                  .Attr<int32_t>("columns"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrScalarsCpu, jax_ops::lsmr::ScalarsCpu,
                               xla::ffi::Ffi::Bind()

@@ -83,65 +83,93 @@ ffi::Error StepCuda(cudaStream_t stream, ffi::AnyBuffer vb, ffi::AnyBuffer v, ff
 }
 
 // ---- The fused iteration (recurrence_params.h: PartialNormsUpdate, NormalizeUpdate, LsmrIterationUpdate, scalars).
+// `columns` picks the layout of the vectors (BlockShape): rows [rows..., n] or a block solve's columns [n, cols].
 
-ffi::Error PartialNormsCuda(cudaStream_t stream, ffi::AnyBuffer vec, ffi::Result<ffi::AnyBuffer> partials) {
-  auto shape = CheckVectors({&vec}, {"vec"});
+// The fused-iteration launch for either layout: Launch (rows) or LaunchColumns (columns; coef_ws holds the
+// per-column coefficients of a kCoefFromState update).
+template <typename Update, typename FillState>
+ffi::Error LaunchBlock(cudaStream_t stream, ffi::DataType dtype, const char* name, const BlockShape& shape,
+                       const ffi::AnyBuffer* const* ins, ffi::AnyBuffer* const* outs, ffi::AnyBuffer* partials,
+                       ffi::AnyBuffer* coef_ws, FillState fill_state) {
+  if (!shape.columns)
+    return Launch<Update>(stream, dtype, name, RowShape{shape.rows, shape.n}, ins, outs, nullptr, partials, fill_state);
+  return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(dtype, name, [&](auto tag) -> ffi::Error {
+    using T = ffi::NativeType<decltype(tag)::value>;
+    ColumnsArgs<T, Update::kIn, Update::kOut, Update::kCoef> args;
+    for (int k = 0; k < Update::kIn; ++k) args.in[k] = static_cast<const T*>(ins[k]->untyped_data());
+    for (int k = 0; k < Update::kOut; ++k) args.out[k] = static_cast<T*>(outs[k]->untyped_data());
+    args.batch = shape.batch;
+    args.rows = shape.n;
+    args.cols = shape.cols;
+    if (partials != nullptr) args.partials = static_cast<T*>(partials->untyped_data());
+    ColumnState<T> state;
+    fill_state(state);
+    T* ws = coef_ws != nullptr ? static_cast<T*>(coef_ws->untyped_data()) : nullptr;
+    JAX_OPS_RETURN_IF_CUDA_ERROR((LaunchColumns<Update, T>(stream, args, state, ws)));
+    return ffi::Error::Success();
+  });
+}
+
+ffi::Error PartialNormsCuda(cudaStream_t stream, ffi::AnyBuffer vec, ffi::Result<ffi::AnyBuffer> partials,
+                            int32_t columns) {
+  auto shape = CheckBlock({&vec}, {"vec"}, columns != 0);
   if (shape.has_error()) return shape.error();
-  ffi::Error e = CheckPartials(*partials, vec, NormPartialsFor(vec.element_type(), shape->n, PartialNormsUpdate::kUnroll));
-  if (!e.success()) return e;
+  const ffi::DataType dt = vec.element_type();
+  JAX_OPS_RETURN_IF_ERROR(
+      CheckRowArray(*partials, "partials", dt, shape->lead, shape->Partials(dt, PartialNormsUpdate::kUnroll)));
   const ffi::AnyBuffer* ins[] = {&vec};
-  return Launch<PartialNormsUpdate>(stream, vec.element_type(), "vec", *shape, ins, nullptr, nullptr, &*partials,
-                                    kNoState);
+  return LaunchBlock<PartialNormsUpdate>(stream, dt, "vec", *shape, ins, nullptr, &*partials, nullptr, kNoState);
 }
 
 ffi::Error NormalizeCuda(cudaStream_t stream, ffi::AnyBuffer ub, ffi::AnyBuffer ub_partials,
                          ffi::Result<ffi::AnyBuffer> u, ffi::Result<ffi::AnyBuffer> beta,
-                         ffi::Result<ffi::AnyBuffer> vb_coef) {
-  auto shape = CheckVectors({&ub, &*u}, {"ub", "u"});
+                         ffi::Result<ffi::AnyBuffer> vb_coef, ffi::Result<ffi::AnyBuffer> coef_ws, int32_t columns) {
+  auto shape = CheckBlock({&ub, &*u}, {"ub", "u"}, columns != 0);
   if (shape.has_error()) return shape.error();
-  const int64_t parts = NormPartialsFor(ub.element_type(), shape->n, PartialNormsUpdate::kUnroll);
-  ffi::Error e = CheckRowArray(ub_partials, "ub_partials", ub.element_type(), ub, parts);
-  if (e.success()) e = CheckRowArray(*beta, "beta", ub.element_type(), ub, -1);
-  if (e.success()) e = CheckRowArray(*vb_coef, "vb_coef", ub.element_type(), ub, -1);
-  if (!e.success()) return e;
+  const ffi::DataType dt = ub.element_type();
+  const int64_t parts = shape->Partials(dt, PartialNormsUpdate::kUnroll);
+  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(ub_partials, "ub_partials", dt, shape->lead, parts));
+  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(*beta, "beta", dt, shape->lead, -1));
+  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(*vb_coef, "vb_coef", dt, shape->lead, -1));
+  JAX_OPS_RETURN_IF_ERROR(CheckCoefWorkspace(*coef_ws, dt, *shape, NormalizeUpdate::kCoef));
   const ffi::AnyBuffer* ins[] = {&ub};
   ffi::AnyBuffer* outs[] = {&*u};
-  return Launch<NormalizeUpdate>(stream, ub.element_type(), "ub", *shape, ins, outs, nullptr, nullptr,
-                                 [&](auto& st) {
-                                   using T = std::remove_const_t<std::remove_pointer_t<decltype(st.sc)>>;
-                                   st.norm_partials = Data<T>(ub_partials);
-                                   st.num_norm_partials = parts;
-                                   st.beta_out = Data<T>(*beta);
-                                   st.vb_coef_out = Data<T>(*vb_coef);
-                                 });
+  return LaunchBlock<NormalizeUpdate>(stream, dt, "ub", *shape, ins, outs, nullptr, &*coef_ws, [&](auto& st) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(st.sc)>>;
+    st.norm_partials = Data<T>(ub_partials);
+    st.num_norm_partials = parts;
+    st.beta_out = Data<T>(*beta);
+    st.vb_coef_out = Data<T>(*vb_coef);
+  });
 }
 
 ffi::Error IterationStepCuda(cudaStream_t stream, ffi::AnyBuffer vb, ffi::AnyBuffer h, ffi::AnyBuffer hbar,
-                             ffi::AnyBuffer x, ffi::AnyBuffer vb_partials, ffi::AnyBuffer sc,
-                             ffi::AnyBuffer ints, ffi::AnyBuffer beta, ffi::AnyBuffer params,
-                             ffi::Result<ffi::AnyBuffer> v_out, ffi::Result<ffi::AnyBuffer> h_out,
-                             ffi::Result<ffi::AnyBuffer> hbar_out, ffi::Result<ffi::AnyBuffer> x_out,
-                             ffi::Result<ffi::AnyBuffer> x_partials) {
-  auto shape = CheckVectors({&vb, &h, &hbar, &x, &*v_out, &*h_out, &*hbar_out, &*x_out},
-                            {"vb", "h", "hbar", "x", "v_out", "h_out", "hbar_out", "x_out"});
+                             ffi::AnyBuffer x, ffi::AnyBuffer vb_partials, ffi::AnyBuffer sc, ffi::AnyBuffer ints,
+                             ffi::AnyBuffer beta, ffi::AnyBuffer params, ffi::Result<ffi::AnyBuffer> v_out,
+                             ffi::Result<ffi::AnyBuffer> h_out, ffi::Result<ffi::AnyBuffer> hbar_out,
+                             ffi::Result<ffi::AnyBuffer> x_out, ffi::Result<ffi::AnyBuffer> x_partials,
+                             ffi::Result<ffi::AnyBuffer> coef_ws, int32_t columns) {
+  auto shape = CheckBlock({&vb, &h, &hbar, &x, &*v_out, &*h_out, &*hbar_out, &*x_out},
+                          {"vb", "h", "hbar", "x", "v_out", "h_out", "hbar_out", "x_out"}, columns != 0);
   if (shape.has_error()) return shape.error();
   const ffi::DataType dt = vb.element_type();
-  const int64_t parts = NormPartialsFor(dt, shape->n, PartialNormsUpdate::kUnroll);
-  ffi::Error e = CheckRowArray(vb_partials, "vb_partials", dt, vb, parts);
-  if (e.success()) e = CheckColumnState(vb, sc, ints, params, beta);
-  if (e.success()) e = CheckPartials(*x_partials, vb, NormPartialsFor(dt, shape->n));
-  if (!e.success()) return e;
+  const int64_t parts = shape->Partials(dt, PartialNormsUpdate::kUnroll);
+  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(vb_partials, "vb_partials", dt, shape->lead, parts));
+  JAX_OPS_RETURN_IF_ERROR(CheckColumnState(dt, shape->lead, sc, ints, params, beta));
+  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(*x_partials, "x_partials", dt, shape->lead, shape->Partials(dt, 1)));
+  JAX_OPS_RETURN_IF_ERROR(CheckCoefWorkspace(*coef_ws, dt, *shape, LsmrIterationUpdate::kCoef));
   const ffi::AnyBuffer* ins[] = {&vb, &h, &hbar, &x};
   ffi::AnyBuffer* outs[] = {&*v_out, &*h_out, &*hbar_out, &*x_out};
-  return Launch<LsmrIterationUpdate>(stream, dt, "vb", *shape, ins, outs, nullptr, &*x_partials, [&](auto& st) {
-    using T = std::remove_const_t<std::remove_pointer_t<decltype(st.sc)>>;
-    st.norm_partials = Data<T>(vb_partials);
-    st.num_norm_partials = parts;
-    st.sc = Data<T>(sc);
-    st.ints = Data<int32_t>(ints);
-    st.params = Data<T>(params);
-    st.beta = Data<T>(beta);
-  });
+  return LaunchBlock<LsmrIterationUpdate>(stream, dt, "vb", *shape, ins, outs, &*x_partials, &*coef_ws,
+                                          [&](auto& st) {
+                                            using T = std::remove_const_t<std::remove_pointer_t<decltype(st.sc)>>;
+                                            st.norm_partials = Data<T>(vb_partials);
+                                            st.num_norm_partials = parts;
+                                            st.sc = Data<T>(sc);
+                                            st.ints = Data<int32_t>(ints);
+                                            st.params = Data<T>(params);
+                                            st.beta = Data<T>(beta);
+                                          });
 }
 
 ffi::Error ScalarsCuda(cudaStream_t stream, ffi::AnyBuffer sc, ffi::AnyBuffer ints, ffi::AnyBuffer neg_alpha,
@@ -205,8 +233,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrStepCuda, jax_ops::lsmr::StepCuda,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrPartialNormsCuda, jax_ops::lsmr::PartialNormsCuda,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()   // vec
-                                  .Ret<xla::ffi::AnyBuffer>(),  // partials
+                                  .Arg<xla::ffi::AnyBuffer>()  // vec
+                                  .Ret<xla::ffi::AnyBuffer>()  // partials
+                                  .Attr<int32_t>("columns"),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrNormalizeCuda, jax_ops::lsmr::NormalizeCuda,
@@ -216,7 +245,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrNormalizeCuda, jax_ops::lsmr::NormalizeC
                                   .Arg<xla::ffi::AnyBuffer>()   // ub_partials
                                   .Ret<xla::ffi::AnyBuffer>()   // u
                                   .Ret<xla::ffi::AnyBuffer>()   // beta
-                                  .Ret<xla::ffi::AnyBuffer>(),  // vb_coef
+                                  .Ret<xla::ffi::AnyBuffer>()   // vb_coef
+                                  .Ret<xla::ffi::AnyBuffer>()   // coef_ws
+                                  .Attr<int32_t>("columns"),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrIterationStepCuda, jax_ops::lsmr::IterationStepCuda,
@@ -235,7 +266,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrIterationStepCuda, jax_ops::lsmr::Iterat
                                   .Ret<xla::ffi::AnyBuffer>()   // h'
                                   .Ret<xla::ffi::AnyBuffer>()   // hbar'
                                   .Ret<xla::ffi::AnyBuffer>()   // x'
-                                  .Ret<xla::ffi::AnyBuffer>(),  // x_partials
+                                  .Ret<xla::ffi::AnyBuffer>()   // x_partials
+                                  .Ret<xla::ffi::AnyBuffer>()   // coef_ws
+                                  .Attr<int32_t>("columns"),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrScalarsCuda, jax_ops::lsmr::ScalarsCuda,

@@ -177,6 +177,105 @@ cudaError_t LaunchRowwiseWith(cudaStream_t stream, const RowwiseArgs<T, Update::
   return cudaGetLastError();
 }
 
+// Column layout: CTA x takes rows [x * R, (x + 1) * R) of every column (R = ColumnsRowsPerCta(cols)); y walks the
+// batch. Columns go in tiles of kc = min(cols, kThreads): thread t takes column c0 + t % kc and every tpc-th row
+// (tpc = kThreads / kc), so a warp reads whole [.., cols] rows (coalesced). Partial norms: each thread's sum, then
+// the tpc sums of a column in a fixed order (deterministic).
+template <typename Update, typename T, int NIn, int NOut, int NCoef>
+__global__ void __launch_bounds__(kThreads) ColumnsKernel(ColumnsArgs<T, NIn, NOut, NCoef> args) {
+  constexpr int kOutN = NOut > 0 ? NOut : 1;
+  constexpr int kCoefN = NCoef > 0 ? NCoef : 1;
+  constexpr bool kNorms = Update::kNormOut >= 0 || Update::kNormIn >= 0;
+  constexpr int kRowUnroll = 4;  // rows per thread whose loads issue before any math
+  __shared__ double column_squares[kThreads];
+  const int64_t cols = args.cols;
+  const int kc = static_cast<int>(cols < kThreads ? cols : kThreads);
+  const int tpc = kThreads / kc;
+  const int local = threadIdx.x % kc, lane_row = threadIdx.x / kc;
+  const int64_t per_cta = ColumnsRowsPerCta(cols);
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * per_cta;
+  const int64_t r1 = r0 + per_cta < args.rows ? r0 + per_cta : args.rows;
+  for (int64_t b = blockIdx.y; b < args.batch; b += gridDim.y) {
+    const int64_t base = b * args.rows * cols;
+    for (int64_t c0 = 0; c0 < cols; c0 += kc) {
+      const int64_t col = c0 + local;
+      const int64_t state_row = b * cols + col;
+      const bool mine = lane_row < tpc && col < cols;
+      T c[kCoefN];
+#pragma unroll
+      for (int j = 0; j < NCoef; ++j) c[j] = mine ? args.coef[state_row * NCoef + j] : T(0);
+      double squares = 0;
+      if (mine) {
+        for (int64_t r = r0 + lane_row; r < r1; r += int64_t{tpc} * kRowUnroll) {
+          T in[kRowUnroll][NIn];
+#pragma unroll
+          for (int u = 0; u < kRowUnroll; ++u) {
+            const int64_t rr = r + int64_t{u} * tpc;
+            if (rr < r1) {
+#pragma unroll
+              for (int k = 0; k < NIn; ++k) in[u][k] = args.in[k][base + rr * cols + col];
+            }
+          }
+#pragma unroll
+          for (int u = 0; u < kRowUnroll; ++u) {
+            const int64_t rr = r + int64_t{u} * tpc;
+            if (rr >= r1) break;
+            T out[kOutN];
+            Update::Apply(c, in[u], out);
+#pragma unroll
+            for (int k = 0; k < NOut; ++k) args.out[k][base + rr * cols + col] = out[k];
+            if constexpr (Update::kNormOut >= 0)
+              squares += static_cast<double>(out[Update::kNormOut]) * out[Update::kNormOut];
+            if constexpr (Update::kNormIn >= 0)
+              squares += static_cast<double>(in[u][Update::kNormIn]) * in[u][Update::kNormIn];
+          }
+        }
+      }
+      if constexpr (kNorms) {
+        column_squares[threadIdx.x] = squares;
+        __syncthreads();
+        if (lane_row == 0 && col < cols) {
+          double s = 0;
+          for (int j = 0; j < tpc; ++j) s += column_squares[j * kc + local];
+          args.partials[state_row * gridDim.x + blockIdx.x] = static_cast<T>(sqrt(s));
+        }
+        __syncthreads();  // column_squares is reused by the next tile
+      }
+    }
+  }
+}
+
+// One CTA per state row (column): its coefficients from the state (Update::Coefficients on the partials' sum of
+// squares, the row kernel's code).
+template <typename Update, typename T>
+__global__ void __launch_bounds__(kThreads) StateCoefficientsKernel(ColumnState<T> state, T* coef, int64_t rows) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const double squares =
+        BlockSumOfSquares(state.norm_partials + row * state.num_norm_partials, state.num_norm_partials);
+    if (threadIdx.x == 0) Update::Coefficients(state, row, squares, /*first_cta=*/true, coef + row * Update::kCoef);
+  }
+}
+
+}  // namespace
+
+template <typename Update, typename T>
+cudaError_t LaunchColumns(cudaStream_t stream, ColumnsArgs<T, Update::kIn, Update::kOut, Update::kCoef> args,
+                          const ColumnState<T>& state, T* coef_ws) {
+  const int64_t state_rows = args.batch * args.cols;
+  if (state_rows == 0) return cudaSuccess;
+  if constexpr (Update::kCoefFromState) {
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(state_rows, 65535));
+    StateCoefficientsKernel<Update, T><<<grid, kThreads, 0, stream>>>(state, coef_ws, state_rows);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    args.coef = coef_ws;
+  }
+  const dim3 grid(static_cast<unsigned>(ColumnsPartials(args.rows, args.cols)),
+                  static_cast<unsigned>(std::min<int64_t>(args.batch, 65535)));
+  ColumnsKernel<Update><<<grid, kThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+namespace {
 }  // namespace
 
 // Tuned on the H200 with ffi_cuda/tools/recurrence_bench.cu: one 16-byte vector per thread and an uncapped grid
@@ -220,6 +319,17 @@ JAX_OPS_INSTANTIATE(HUpdate, float)
 JAX_OPS_INSTANTIATE(HUpdate, double)
 JAX_OPS_INSTANTIATE(LsmrStepUpdate, float)
 JAX_OPS_INSTANTIATE(LsmrStepUpdate, double)
+JAX_OPS_INSTANTIATE(PartialNormsUpdate, float)
+JAX_OPS_INSTANTIATE(PartialNormsUpdate, double)
+JAX_OPS_INSTANTIATE(NormalizeUpdate, float)
+JAX_OPS_INSTANTIATE(NormalizeUpdate, double)
+JAX_OPS_INSTANTIATE(LsmrIterationUpdate, float)
+JAX_OPS_INSTANTIATE(LsmrIterationUpdate, double)
+#undef JAX_OPS_INSTANTIATE
+
+#define JAX_OPS_INSTANTIATE(UPDATE, T)                                                                             \
+  template cudaError_t LaunchColumns<UPDATE, T>(cudaStream_t, ColumnsArgs<T, UPDATE::kIn, UPDATE::kOut, UPDATE::kCoef>, \
+                                                const ColumnState<T>&, T*);
 JAX_OPS_INSTANTIATE(PartialNormsUpdate, float)
 JAX_OPS_INSTANTIATE(PartialNormsUpdate, double)
 JAX_OPS_INSTANTIATE(NormalizeUpdate, float)

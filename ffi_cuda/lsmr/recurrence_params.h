@@ -89,25 +89,88 @@ inline int64_t NormPartialsFor(ffi::DataType dtype, int64_t n, int64_t unroll = 
   return NormPartials(n, dtype == ffi::DataType::F64 ? 8 : 4, unroll);
 }
 
+// The column layout of a block solve (lsmr_solver with k > 1 right-hand sides): a vector block is [L, k], the k
+// columns interleaved (what the products' SpMM takes and gives, so no transposes). The elementwise kernels then run
+// on columns: each CTA takes ColumnsRowsPerCta(k) of the L rows for every column; partial norms are [k, P] with
+// P = ColumnsPartials(L, k) (one per CTA), coefficients per column. Mirrored by jax_ops/lsmr_kernels.py.
+constexpr int64_t ColumnsRowsPerCta(int64_t k) { return k >= 16384 ? 1 : 16384 / (k > 0 ? k : 1); }
+constexpr int64_t ColumnsPartials(int64_t rows, int64_t k) {
+  const int64_t per_cta = ColumnsRowsPerCta(k);
+  return rows == 0 ? 1 : (rows + per_cta - 1) / per_cta;
+}
+
+
 // partials must have the vectors' dtype and shape [leading dims..., count].
 inline ffi::Error CheckPartials(const ffi::AnyBuffer& partials, const ffi::AnyBuffer& vector, int64_t count) {
   return CheckRowArray(partials, "partials", vector.element_type(), vector, count);
 }
 
-// The state arrays of the fused iteration's step (LsmrIterationUpdate) and scalars kernels, against `vector` (a
-// [rows..., n] vector of the iteration): sc [.., kNumScalars], ints int32 [.., kNumInts], params [.., kNumParams],
-// beta [..], all in the vector's dtype except ints.
-inline ffi::Error CheckColumnState(const ffi::AnyBuffer& vector, const ffi::AnyBuffer& sc, const ffi::AnyBuffer& ints,
-                                   const ffi::AnyBuffer& params, const ffi::AnyBuffer& beta) {
-  const ffi::DataType dt = vector.element_type();
-  ffi::Error e = CheckRowArray(sc, "sc", dt, vector, kNumScalars);
-  if (e.success()) e = CheckRowArray(ints, "ints", ffi::DataType::S32, vector, kNumInts);
-  if (e.success()) e = CheckRowArray(params, "params", dt, vector, kNumParams);
-  if (e.success()) e = CheckRowArray(beta, "beta", dt, vector, -1);
+// The vectors of a fused-iteration kernel: the row layout [rows..., n] (one right-hand side per row) or the column
+// layout [batch..., n, cols] (a block solve's; ColumnsRowsPerCta; leading batch dims come from vmap over a batched
+// matrix). `lead` is the shape of the per-column state (beta, rows of sc/ints/params, partials' leading dims), `rows`
+// its size (batch * cols in the column layout).
+struct BlockShape {
+  bool columns = false;
+  int64_t rows = 0;
+  int64_t n = 0;
+  int64_t cols = 0;   // column layout: the fast axis
+  int64_t batch = 1;  // column layout: product of the batch dims
+  std::vector<int64_t> lead;
+  // Length of the partial norms' last axis for Update's kUnroll (row layout) or the column layout's CTAs.
+  int64_t Partials(ffi::DataType dtype, int64_t unroll) const {
+    return columns ? ColumnsPartials(n, cols) : NormPartialsFor(dtype, n, unroll);
+  }
+};
+
+template <size_t NV>
+ffi::ErrorOr<BlockShape> CheckBlock(const ffi::AnyBuffer* const (&vectors)[NV], const char* const (&vector_names)[NV],
+                                    bool columns) {
+  auto rows = CheckVectors(vectors, vector_names);
+  if (rows.has_error()) return ffi::Unexpected(rows.error());
+  auto dims = vectors[0]->dimensions();
+  BlockShape shape;
+  shape.columns = columns;
+  if (!columns) {
+    shape.rows = rows->rows;
+    shape.n = rows->n;
+    shape.lead.assign(dims.begin(), dims.end() - 1);
+    return shape;
+  }
+  if (dims.size() < 2)
+    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string(vector_names[0]) +
+                                                       " must be [..., n, columns] in the column layout; got " +
+                                                       ShapeString(dims)));
+  shape.n = dims[dims.size() - 2];
+  shape.cols = dims[dims.size() - 1];
+  for (size_t d = 0; d + 2 < dims.size(); ++d) shape.batch *= dims[d];
+  shape.rows = shape.batch * shape.cols;
+  shape.lead.assign(dims.begin(), dims.end() - 2);
+  shape.lead.push_back(shape.cols);
+  return shape;
+}
+
+// The state arrays of the fused iteration's step (LsmrIterationUpdate) and scalars kernels: sc [lead.., kNumScalars],
+// ints int32 [.., kNumInts], params [.., kNumParams], beta [..], in `dt` except ints.
+inline ffi::Error CheckColumnState(ffi::DataType dt, const std::vector<int64_t>& lead, const ffi::AnyBuffer& sc,
+                                   const ffi::AnyBuffer& ints, const ffi::AnyBuffer& params,
+                                   const ffi::AnyBuffer& beta) {
+  ffi::Error e = CheckRowArray(sc, "sc", dt, lead, kNumScalars);
+  if (e.success()) e = CheckRowArray(ints, "ints", ffi::DataType::S32, lead, kNumInts);
+  if (e.success()) e = CheckRowArray(params, "params", dt, lead, kNumParams);
+  if (e.success()) e = CheckRowArray(beta, "beta", dt, lead, -1);
   return e;
 }
 
-// a * b rounded to T, never contracted into a neighbouring fma (the CPU twin's build does not contract).
+// The coefficient workspace of a kCoefFromState update: [lead.., kCoef] in the column layout, empty (no elements) in
+// the row layout.
+inline ffi::Error CheckCoefWorkspace(const ffi::AnyBuffer& ws, ffi::DataType dt, const BlockShape& shape, int kCoef) {
+  if (shape.columns) return CheckRowArray(ws, "coef_ws", dt, shape.lead, kCoef);
+  if (ws.element_count() != 0)
+    return ffi::Error::InvalidArgument("coef_ws must be empty in the row layout; got " +
+                                       ShapeString(ws.dimensions()));
+  return ffi::Error::Success();
+}
+
 template <typename T>
 #ifdef __CUDACC__
 __host__ __device__
