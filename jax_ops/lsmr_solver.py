@@ -33,9 +33,10 @@ Operators (``A``):
     ``jax.tree_util.register_dataclass``) so its arrays are arguments of the jitted solve (no recompile for new
     values, gradients w.r.t. them); a non-pytree object is used as a static closure.
 
-Precision: vectors, matvecs and the scalar recurrence run in ``b``'s dtype (float32 or float64). For float32
-problems the sums of squares behind the norms are accumulated in float64 when ``jax_enable_x64`` is on (a convert
-fused into the reduction: free on a bandwidth-bound GPU); without x64 XLA's float32 tree reductions are used.
+Precision: vectors, matvecs and the scalar recurrence run in ``b``'s dtype (float32 or float64). The fused
+iteration's kernels accumulate the sums of squares behind the norms in float64 always; the jnp loops ("step",
+``implementation="xla"``) do so for float32 problems when ``jax_enable_x64`` is on (a convert fused into the
+reduction) and use XLA's float32 tree reductions without it.
 """
 
 from __future__ import annotations

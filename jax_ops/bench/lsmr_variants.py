@@ -16,9 +16,10 @@ for every variant
       with a device-side condition)
   * plus ``u4-default-nopack`` (scalars carried as separate arrays, the previous loop carry),
     ``u4-default-dbuf`` (``xla_gpu_enable_while_loop_double_buffering``), ``u2-while-step`` (the shipped
-    loop with XLA's norms and scalar recurrence around the step kernel: lsmr_solver.ITERATIONS "step") and
-    ``u2-while-unfused`` ("unfused": also the step's vector update as XLA's v fusion, two kernels and XLA's
-    ||x||). A name may repeat in JAX_OPS_LSMR_VARIANTS (interleaved A/B runs).
+    unroll and graph settings with the previous iteration: XLA's norms and scalar recurrence around the step
+    kernel, lsmr_solver.ITERATIONS "step") and ``u2-while-unfused`` ("unfused": also the step's vector update as
+    XLA's v fusion, two kernels and XLA's ||x||). Every other row runs the shipped fused iteration ("kernels").
+    A name may repeat in JAX_OPS_LSMR_VARIANTS (interleaved A/B runs).
 
 Each row: ``itn``/``istop`` (must be identical across variants: ``same`` says so, ``dx`` = max |x - x of the
 first variant|), ``us_per_iter``, ``x_pair`` = µs/iter / (A v + Aᵀu time, measured once per problem as in the
