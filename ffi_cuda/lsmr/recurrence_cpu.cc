@@ -2,7 +2,9 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <utility>
 
+#include "lsmr/iteration_calls.h"
 #include "lsmr/recurrence_params.h"
 
 namespace jax_ops::lsmr {
@@ -52,7 +54,8 @@ ffi::Error RunRows(ffi::DataType dtype, const char* name, const RowShape& shape,
           for (int k = 0; k < Update::kOut; ++k) out_ptr[k][i] = out[k];
           if constexpr (Update::kNormOut >= 0)
             squares.Add(static_cast<double>(out[Update::kNormOut]) * out[Update::kNormOut]);
-          if constexpr (Update::kNormIn >= 0) squares.Add(static_cast<double>(in[Update::kNormIn]) * in[Update::kNormIn]);
+          if constexpr (Update::kNormIn >= 0)
+            squares.Add(static_cast<double>(in[Update::kNormIn]) * in[Update::kNormIn]);
         }
         if (kNorms && part != nullptr) part[r * num_partials + p] = static_cast<T>(std::sqrt(squares.Value()));
       }
@@ -60,8 +63,6 @@ ffi::Error RunRows(ffi::DataType dtype, const char* name, const RowShape& shape,
     return ffi::Error::Success();
   });
 }
-
-constexpr auto kNoState = [](auto&) {};
 
 template <typename Update, size_t NV, size_t NC>
 ffi::Error RunOnHost(const ffi::AnyBuffer* const (&ins)[Update::kIn], ffi::AnyBuffer* const (&outs)[Update::kOut],
@@ -75,15 +76,6 @@ ffi::Error RunOnHost(const ffi::AnyBuffer* const (&ins)[Update::kIn], ffi::AnyBu
     if (!e.success()) return e;
   }
   return RunRows<Update>(ins[0]->element_type(), vector_names[0], *shape, ins, outs, coefs, partials, kNoState);
-}
-
-template <typename T>
-const T* Data(const ffi::AnyBuffer& b) {
-  return static_cast<const T*>(b.untyped_data());
-}
-template <typename T>
-T* Data(ffi::AnyBuffer& b) {
-  return static_cast<T*>(b.untyped_data());
 }
 
 ffi::Error HbarXCpu(ffi::AnyBuffer h, ffi::AnyBuffer hbar, ffi::AnyBuffer x, ffi::AnyBuffer c_h, ffi::AnyBuffer c_x,
@@ -116,8 +108,10 @@ ffi::Error StepCpu(ffi::AnyBuffer vb, ffi::AnyBuffer v, ffi::AnyBuffer h, ffi::A
 // state (kCoefFromState), its partial p covers rows [p * R, (p + 1) * R) (R = ColumnsRowsPerCta, the CUDA CTAs').
 template <typename Update, typename FillState>
 ffi::Error RunBlock(ffi::DataType dtype, const char* name, const BlockShape& shape, const ffi::AnyBuffer* const* ins,
-                    ffi::AnyBuffer* const* outs, ffi::AnyBuffer* partials, FillState fill_state) {
-  if (!shape.columns) return RunRows<Update>(dtype, name, RowShape{shape.rows, shape.n}, ins, outs, nullptr, partials, fill_state);
+                    ffi::AnyBuffer* const* outs, ffi::AnyBuffer* partials, ffi::AnyBuffer* /*coef_ws: CUDA only*/,
+                    FillState fill_state) {
+  if (!shape.columns)
+    return RunRows<Update>(dtype, name, RowShape{shape.rows, shape.n}, ins, outs, nullptr, partials, fill_state);
   constexpr int kOutN = Update::kOut > 0 ? Update::kOut : 1;
   constexpr int kCoefN = Update::kCoef > 0 ? Update::kCoef : 1;
   return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(dtype, name, [&](auto tag) -> ffi::Error {
@@ -136,10 +130,10 @@ ffi::Error RunBlock(ffi::DataType dtype, const char* name, const BlockShape& sha
         const int64_t row = b * cols + col;  // the state row
         T c[kCoefN] = {};
         if constexpr (Update::kCoefFromState)
-          Update::Coefficients(state, row,
-                               SumOfSquaresHost(state.norm_partials + row * state.num_norm_partials,
-                                                state.num_norm_partials),
-                               /*first_cta=*/true, c);
+          Update::Coefficients(
+              state, row,
+              SumOfSquaresHost(state.norm_partials + row * state.num_norm_partials, state.num_norm_partials),
+              /*first_cta=*/true, c);
         for (int64_t p = 0; p < num_partials; ++p) {
           CompensatedSum squares;
           for (int64_t r = p * per_part; r < std::min(n, (p + 1) * per_part); ++r) {
@@ -161,72 +155,37 @@ ffi::Error RunBlock(ffi::DataType dtype, const char* name, const BlockShape& sha
   });
 }
 
+// iteration_calls.h's bodies with RunBlock.
+constexpr auto kOnHost = [](auto tag, auto&&... args) {
+  return RunBlock<typename decltype(tag)::type>(std::forward<decltype(args)>(args)...);
+};
+
 ffi::Error PartialNormsCpu(ffi::AnyBuffer vec, ffi::Result<ffi::AnyBuffer> partials, int32_t columns) {
-  auto shape = CheckBlock({&vec}, {"vec"}, columns != 0);
-  if (shape.has_error()) return shape.error();
-  const ffi::DataType dt = vec.element_type();
-  JAX_OPS_RETURN_IF_ERROR(
-      CheckRowArray(*partials, "partials", dt, shape->lead, shape->Partials(dt, PartialNormsUpdate::kUnroll)));
-  const ffi::AnyBuffer* ins[] = {&vec};
-  return RunBlock<PartialNormsUpdate>(dt, "vec", *shape, ins, nullptr, &*partials, kNoState);
+  return PartialNormsCall(vec, *partials, columns, kOnHost);
 }
 
 ffi::Error NormalizeCpu(ffi::AnyBuffer ub, ffi::AnyBuffer ub_partials, ffi::Result<ffi::AnyBuffer> u,
                         ffi::Result<ffi::AnyBuffer> beta, ffi::Result<ffi::AnyBuffer> vb_coef,
                         ffi::Result<ffi::AnyBuffer> coef_ws, int32_t columns) {
-  auto shape = CheckBlock({&ub, &*u}, {"ub", "u"}, columns != 0);
-  if (shape.has_error()) return shape.error();
-  const ffi::DataType dt = ub.element_type();
-  const int64_t parts = shape->Partials(dt, PartialNormsUpdate::kUnroll);
-  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(ub_partials, "ub_partials", dt, shape->lead, parts));
-  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(*beta, "beta", dt, shape->lead, -1));
-  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(*vb_coef, "vb_coef", dt, shape->lead, -1));
-  JAX_OPS_RETURN_IF_ERROR(CheckCoefWorkspace(*coef_ws, dt, *shape, NormalizeUpdate::kCoef));
-  const ffi::AnyBuffer* ins[] = {&ub};
-  ffi::AnyBuffer* outs[] = {&*u};
-  return RunBlock<NormalizeUpdate>(dt, "ub", *shape, ins, outs, nullptr, [&](auto& st) {
-    using T = std::remove_const_t<std::remove_pointer_t<decltype(st.sc)>>;
-    st.norm_partials = Data<T>(ub_partials);
-    st.num_norm_partials = parts;
-    st.beta_out = Data<T>(*beta);
-    st.vb_coef_out = Data<T>(*vb_coef);
-  });
+  return NormalizeCall(ub, ub_partials, *u, *beta, *vb_coef, *coef_ws, columns, kOnHost);
 }
 
 ffi::Error IterationStepCpu(ffi::AnyBuffer vb, ffi::AnyBuffer h, ffi::AnyBuffer hbar, ffi::AnyBuffer x,
                             ffi::AnyBuffer vb_partials, ffi::AnyBuffer sc, ffi::AnyBuffer ints, ffi::AnyBuffer beta,
-                            ffi::AnyBuffer params, ffi::Result<ffi::AnyBuffer> v_out,
-                            ffi::Result<ffi::AnyBuffer> h_out, ffi::Result<ffi::AnyBuffer> hbar_out,
-                            ffi::Result<ffi::AnyBuffer> x_out, ffi::Result<ffi::AnyBuffer> x_partials,
-                            ffi::Result<ffi::AnyBuffer> coef_ws, int32_t columns) {
-  auto shape = CheckBlock({&vb, &h, &hbar, &x, &*v_out, &*h_out, &*hbar_out, &*x_out},
-                          {"vb", "h", "hbar", "x", "v_out", "h_out", "hbar_out", "x_out"}, columns != 0);
-  if (shape.has_error()) return shape.error();
-  const ffi::DataType dt = vb.element_type();
-  const int64_t parts = shape->Partials(dt, PartialNormsUpdate::kUnroll);
-  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(vb_partials, "vb_partials", dt, shape->lead, parts));
-  JAX_OPS_RETURN_IF_ERROR(CheckColumnState(dt, shape->lead, sc, ints, params, beta));
-  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(*x_partials, "x_partials", dt, shape->lead, shape->Partials(dt, 1)));
-  JAX_OPS_RETURN_IF_ERROR(CheckCoefWorkspace(*coef_ws, dt, *shape, LsmrIterationUpdate::kCoef));
-  const ffi::AnyBuffer* ins[] = {&vb, &h, &hbar, &x};
-  ffi::AnyBuffer* outs[] = {&*v_out, &*h_out, &*hbar_out, &*x_out};
-  return RunBlock<LsmrIterationUpdate>(dt, "vb", *shape, ins, outs, &*x_partials, [&](auto& st) {
-    using T = std::remove_const_t<std::remove_pointer_t<decltype(st.sc)>>;
-    st.norm_partials = Data<T>(vb_partials);
-    st.num_norm_partials = parts;
-    st.sc = Data<T>(sc);
-    st.ints = Data<int32_t>(ints);
-    st.params = Data<T>(params);
-    st.beta = Data<T>(beta);
-  });
+                            ffi::AnyBuffer params, ffi::Result<ffi::AnyBuffer> v_out, ffi::Result<ffi::AnyBuffer> h_out,
+                            ffi::Result<ffi::AnyBuffer> hbar_out, ffi::Result<ffi::AnyBuffer> x_out,
+                            ffi::Result<ffi::AnyBuffer> x_partials, ffi::Result<ffi::AnyBuffer> coef_ws,
+                            int32_t columns) {
+  return IterationStepCall(vb, h, hbar, x, vb_partials, sc, ints, beta, params, *v_out, *h_out, *hbar_out, *x_out,
+                           *x_partials, *coef_ws, columns, kOnHost);
 }
 
 ffi::Error ScalarsCpu(ffi::AnyBuffer sc, ffi::AnyBuffer ints, ffi::AnyBuffer neg_alpha, ffi::AnyBuffer beta,
                       ffi::AnyBuffer params, ffi::AnyBuffer maxiter, ffi::AnyBuffer vb_partials,
                       ffi::AnyBuffer x_partials, ffi::Result<ffi::AnyBuffer> sc_out,
                       ffi::Result<ffi::AnyBuffer> ints_out, ffi::Result<ffi::AnyBuffer> neg_alpha_out) {
-  auto args = CheckScalarsArgs(sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials, *sc_out,
-                               *ints_out, *neg_alpha_out);
+  auto args = CheckScalarsArgs(sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials, *sc_out, *ints_out,
+                               *neg_alpha_out);
   if (args.has_error()) return args.error();
   return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(sc.element_type(), "sc", [&](auto tag) -> ffi::Error {
     using T = ffi::NativeType<decltype(tag)::value>;
@@ -284,9 +243,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrPartialNormsCpu, jax_ops::lsmr::PartialN
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrNormalizeCpu, jax_ops::lsmr::NormalizeCpu,
                               xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()    // ub
-                                  .Arg<xla::ffi::AnyBuffer>()    // ub_partials
-                                  .Ret<xla::ffi::AnyBuffer>()    // u
+                                  .Arg<xla::ffi::AnyBuffer>()  // ub
+                                  .Arg<xla::ffi::AnyBuffer>()  // ub_partials
+                                  .Ret<xla::ffi::AnyBuffer>()  // u
                                   .Ret<xla::ffi::AnyBuffer>()  // beta
                                   .Ret<xla::ffi::AnyBuffer>()  // vb_coef
                                   .Ret<xla::ffi::AnyBuffer>()  // coef_ws
@@ -294,18 +253,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrNormalizeCpu, jax_ops::lsmr::NormalizeCp
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrIterationStepCpu, jax_ops::lsmr::IterationStepCpu,
                               xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()    // vb
-                                  .Arg<xla::ffi::AnyBuffer>()    // h
-                                  .Arg<xla::ffi::AnyBuffer>()    // hbar
-                                  .Arg<xla::ffi::AnyBuffer>()    // x
-                                  .Arg<xla::ffi::AnyBuffer>()    // vb_partials
-                                  .Arg<xla::ffi::AnyBuffer>()    // sc
-                                  .Arg<xla::ffi::AnyBuffer>()    // ints
-                                  .Arg<xla::ffi::AnyBuffer>()    // beta
-                                  .Arg<xla::ffi::AnyBuffer>()    // params
-                                  .Ret<xla::ffi::AnyBuffer>()    // v'
-                                  .Ret<xla::ffi::AnyBuffer>()    // h'
-                                  .Ret<xla::ffi::AnyBuffer>()    // hbar'
+                                  .Arg<xla::ffi::AnyBuffer>()  // vb
+                                  .Arg<xla::ffi::AnyBuffer>()  // h
+                                  .Arg<xla::ffi::AnyBuffer>()  // hbar
+                                  .Arg<xla::ffi::AnyBuffer>()  // x
+                                  .Arg<xla::ffi::AnyBuffer>()  // vb_partials
+                                  .Arg<xla::ffi::AnyBuffer>()  // sc
+                                  .Arg<xla::ffi::AnyBuffer>()  // ints
+                                  .Arg<xla::ffi::AnyBuffer>()  // beta
+                                  .Arg<xla::ffi::AnyBuffer>()  // params
+                                  .Ret<xla::ffi::AnyBuffer>()  // v'
+                                  .Ret<xla::ffi::AnyBuffer>()  // h'
+                                  .Ret<xla::ffi::AnyBuffer>()  // hbar'
                                   .Ret<xla::ffi::AnyBuffer>()  // x'
                                   .Ret<xla::ffi::AnyBuffer>()  // x_partials
                                   .Ret<xla::ffi::AnyBuffer>()  // coef_ws

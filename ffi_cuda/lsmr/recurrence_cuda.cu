@@ -1,7 +1,9 @@
 // CUDA FFI handlers for the fused LSMR recurrences: decode, validate, dispatch on dtype, launch.
 #include <type_traits>
+#include <utility>
 
 #include "common/cuda_helpers.h"
+#include "lsmr/iteration_calls.h"
 #include "lsmr/recurrence_kernels.h"
 #include "lsmr/recurrence_params.h"
 
@@ -9,8 +11,8 @@ namespace jax_ops::lsmr {
 namespace {
 
 // Launches Update over `shape` after the caller's checks. `ins`/`outs` have Update::kIn/kOut entries, `coefs`
-// kCoef (none for a kCoefFromState update); `partials` is Update's partial-norm output (or null); fill_state(state, tag) fills the ColumnState of a
-// kCoefFromState update.
+// kCoef (none for a kCoefFromState update); `partials` is Update's partial-norm output (or null); fill_state(state,
+// tag) fills the ColumnState of a kCoefFromState update.
 template <typename Update, typename FillState>
 ffi::Error Launch(cudaStream_t stream, ffi::DataType dtype, const char* name, const RowShape& shape,
                   const ffi::AnyBuffer* const* ins, ffi::AnyBuffer* const* outs, const ffi::AnyBuffer* const* coefs,
@@ -33,8 +35,6 @@ ffi::Error Launch(cudaStream_t stream, ffi::DataType dtype, const char* name, co
   });
 }
 
-constexpr auto kNoState = [](auto&) {};
-
 template <typename Update, size_t NV, size_t NC>
 ffi::Error RunOnDevice(cudaStream_t stream, const ffi::AnyBuffer* const (&ins)[Update::kIn],
                        ffi::AnyBuffer* const (&outs)[Update::kOut], const ffi::AnyBuffer* const (&coefs)[NC],
@@ -47,15 +47,6 @@ ffi::Error RunOnDevice(cudaStream_t stream, const ffi::AnyBuffer* const (&ins)[U
     if (!e.success()) return e;
   }
   return Launch<Update>(stream, ins[0]->element_type(), vector_names[0], *shape, ins, outs, coefs, partials, kNoState);
-}
-
-template <typename T>
-const T* Data(const ffi::AnyBuffer& b) {
-  return static_cast<const T*>(b.untyped_data());
-}
-template <typename T>
-T* Data(ffi::AnyBuffer& b) {
-  return static_cast<T*>(b.untyped_data());
 }
 
 ffi::Error HbarXCuda(cudaStream_t stream, ffi::AnyBuffer h, ffi::AnyBuffer hbar, ffi::AnyBuffer x, ffi::AnyBuffer c_h,
@@ -110,37 +101,22 @@ ffi::Error LaunchBlock(cudaStream_t stream, ffi::DataType dtype, const char* nam
   });
 }
 
+// iteration_calls.h's bodies with LaunchBlock on `stream`.
+auto OnDevice(cudaStream_t stream) {
+  return [stream](auto tag, auto&&... args) {
+    return LaunchBlock<typename decltype(tag)::type>(stream, std::forward<decltype(args)>(args)...);
+  };
+}
+
 ffi::Error PartialNormsCuda(cudaStream_t stream, ffi::AnyBuffer vec, ffi::Result<ffi::AnyBuffer> partials,
                             int32_t columns) {
-  auto shape = CheckBlock({&vec}, {"vec"}, columns != 0);
-  if (shape.has_error()) return shape.error();
-  const ffi::DataType dt = vec.element_type();
-  JAX_OPS_RETURN_IF_ERROR(
-      CheckRowArray(*partials, "partials", dt, shape->lead, shape->Partials(dt, PartialNormsUpdate::kUnroll)));
-  const ffi::AnyBuffer* ins[] = {&vec};
-  return LaunchBlock<PartialNormsUpdate>(stream, dt, "vec", *shape, ins, nullptr, &*partials, nullptr, kNoState);
+  return PartialNormsCall(vec, *partials, columns, OnDevice(stream));
 }
 
 ffi::Error NormalizeCuda(cudaStream_t stream, ffi::AnyBuffer ub, ffi::AnyBuffer ub_partials,
                          ffi::Result<ffi::AnyBuffer> u, ffi::Result<ffi::AnyBuffer> beta,
                          ffi::Result<ffi::AnyBuffer> vb_coef, ffi::Result<ffi::AnyBuffer> coef_ws, int32_t columns) {
-  auto shape = CheckBlock({&ub, &*u}, {"ub", "u"}, columns != 0);
-  if (shape.has_error()) return shape.error();
-  const ffi::DataType dt = ub.element_type();
-  const int64_t parts = shape->Partials(dt, PartialNormsUpdate::kUnroll);
-  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(ub_partials, "ub_partials", dt, shape->lead, parts));
-  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(*beta, "beta", dt, shape->lead, -1));
-  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(*vb_coef, "vb_coef", dt, shape->lead, -1));
-  JAX_OPS_RETURN_IF_ERROR(CheckCoefWorkspace(*coef_ws, dt, *shape, NormalizeUpdate::kCoef));
-  const ffi::AnyBuffer* ins[] = {&ub};
-  ffi::AnyBuffer* outs[] = {&*u};
-  return LaunchBlock<NormalizeUpdate>(stream, dt, "ub", *shape, ins, outs, nullptr, &*coef_ws, [&](auto& st) {
-    using T = std::remove_const_t<std::remove_pointer_t<decltype(st.sc)>>;
-    st.norm_partials = Data<T>(ub_partials);
-    st.num_norm_partials = parts;
-    st.beta_out = Data<T>(*beta);
-    st.vb_coef_out = Data<T>(*vb_coef);
-  });
+  return NormalizeCall(ub, ub_partials, *u, *beta, *vb_coef, *coef_ws, columns, OnDevice(stream));
 }
 
 ffi::Error IterationStepCuda(cudaStream_t stream, ffi::AnyBuffer vb, ffi::AnyBuffer h, ffi::AnyBuffer hbar,
@@ -149,35 +125,16 @@ ffi::Error IterationStepCuda(cudaStream_t stream, ffi::AnyBuffer vb, ffi::AnyBuf
                              ffi::Result<ffi::AnyBuffer> h_out, ffi::Result<ffi::AnyBuffer> hbar_out,
                              ffi::Result<ffi::AnyBuffer> x_out, ffi::Result<ffi::AnyBuffer> x_partials,
                              ffi::Result<ffi::AnyBuffer> coef_ws, int32_t columns) {
-  auto shape = CheckBlock({&vb, &h, &hbar, &x, &*v_out, &*h_out, &*hbar_out, &*x_out},
-                          {"vb", "h", "hbar", "x", "v_out", "h_out", "hbar_out", "x_out"}, columns != 0);
-  if (shape.has_error()) return shape.error();
-  const ffi::DataType dt = vb.element_type();
-  const int64_t parts = shape->Partials(dt, PartialNormsUpdate::kUnroll);
-  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(vb_partials, "vb_partials", dt, shape->lead, parts));
-  JAX_OPS_RETURN_IF_ERROR(CheckColumnState(dt, shape->lead, sc, ints, params, beta));
-  JAX_OPS_RETURN_IF_ERROR(CheckRowArray(*x_partials, "x_partials", dt, shape->lead, shape->Partials(dt, 1)));
-  JAX_OPS_RETURN_IF_ERROR(CheckCoefWorkspace(*coef_ws, dt, *shape, LsmrIterationUpdate::kCoef));
-  const ffi::AnyBuffer* ins[] = {&vb, &h, &hbar, &x};
-  ffi::AnyBuffer* outs[] = {&*v_out, &*h_out, &*hbar_out, &*x_out};
-  return LaunchBlock<LsmrIterationUpdate>(stream, dt, "vb", *shape, ins, outs, &*x_partials, &*coef_ws,
-                                          [&](auto& st) {
-                                            using T = std::remove_const_t<std::remove_pointer_t<decltype(st.sc)>>;
-                                            st.norm_partials = Data<T>(vb_partials);
-                                            st.num_norm_partials = parts;
-                                            st.sc = Data<T>(sc);
-                                            st.ints = Data<int32_t>(ints);
-                                            st.params = Data<T>(params);
-                                            st.beta = Data<T>(beta);
-                                          });
+  return IterationStepCall(vb, h, hbar, x, vb_partials, sc, ints, beta, params, *v_out, *h_out, *hbar_out, *x_out,
+                           *x_partials, *coef_ws, columns, OnDevice(stream));
 }
 
 ffi::Error ScalarsCuda(cudaStream_t stream, ffi::AnyBuffer sc, ffi::AnyBuffer ints, ffi::AnyBuffer neg_alpha,
                        ffi::AnyBuffer beta, ffi::AnyBuffer params, ffi::AnyBuffer maxiter, ffi::AnyBuffer vb_partials,
                        ffi::AnyBuffer x_partials, ffi::Result<ffi::AnyBuffer> sc_out,
                        ffi::Result<ffi::AnyBuffer> ints_out, ffi::Result<ffi::AnyBuffer> neg_alpha_out) {
-  auto args = CheckScalarsArgs(sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials, *sc_out,
-                               *ints_out, *neg_alpha_out);
+  auto args = CheckScalarsArgs(sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials, *sc_out, *ints_out,
+                               *neg_alpha_out);
   if (args.has_error()) return args.error();
   return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(sc.element_type(), "sc", [&](auto tag) -> ffi::Error {
     using T = ffi::NativeType<decltype(tag)::value>;
@@ -241,33 +198,33 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrPartialNormsCuda, jax_ops::lsmr::Partial
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrNormalizeCuda, jax_ops::lsmr::NormalizeCuda,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()   // ub
-                                  .Arg<xla::ffi::AnyBuffer>()   // ub_partials
-                                  .Ret<xla::ffi::AnyBuffer>()   // u
-                                  .Ret<xla::ffi::AnyBuffer>()   // beta
-                                  .Ret<xla::ffi::AnyBuffer>()   // vb_coef
-                                  .Ret<xla::ffi::AnyBuffer>()   // coef_ws
+                                  .Arg<xla::ffi::AnyBuffer>()  // ub
+                                  .Arg<xla::ffi::AnyBuffer>()  // ub_partials
+                                  .Ret<xla::ffi::AnyBuffer>()  // u
+                                  .Ret<xla::ffi::AnyBuffer>()  // beta
+                                  .Ret<xla::ffi::AnyBuffer>()  // vb_coef
+                                  .Ret<xla::ffi::AnyBuffer>()  // coef_ws
                                   .Attr<int32_t>("columns"),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrIterationStepCuda, jax_ops::lsmr::IterationStepCuda,
                               xla::ffi::Ffi::Bind()
                                   .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()   // vb
-                                  .Arg<xla::ffi::AnyBuffer>()   // h
-                                  .Arg<xla::ffi::AnyBuffer>()   // hbar
-                                  .Arg<xla::ffi::AnyBuffer>()   // x
-                                  .Arg<xla::ffi::AnyBuffer>()   // vb_partials
-                                  .Arg<xla::ffi::AnyBuffer>()   // sc
-                                  .Arg<xla::ffi::AnyBuffer>()   // ints
-                                  .Arg<xla::ffi::AnyBuffer>()   // beta
-                                  .Arg<xla::ffi::AnyBuffer>()   // params
-                                  .Ret<xla::ffi::AnyBuffer>()   // v'
-                                  .Ret<xla::ffi::AnyBuffer>()   // h'
-                                  .Ret<xla::ffi::AnyBuffer>()   // hbar'
-                                  .Ret<xla::ffi::AnyBuffer>()   // x'
-                                  .Ret<xla::ffi::AnyBuffer>()   // x_partials
-                                  .Ret<xla::ffi::AnyBuffer>()   // coef_ws
+                                  .Arg<xla::ffi::AnyBuffer>()  // vb
+                                  .Arg<xla::ffi::AnyBuffer>()  // h
+                                  .Arg<xla::ffi::AnyBuffer>()  // hbar
+                                  .Arg<xla::ffi::AnyBuffer>()  // x
+                                  .Arg<xla::ffi::AnyBuffer>()  // vb_partials
+                                  .Arg<xla::ffi::AnyBuffer>()  // sc
+                                  .Arg<xla::ffi::AnyBuffer>()  // ints
+                                  .Arg<xla::ffi::AnyBuffer>()  // beta
+                                  .Arg<xla::ffi::AnyBuffer>()  // params
+                                  .Ret<xla::ffi::AnyBuffer>()  // v'
+                                  .Ret<xla::ffi::AnyBuffer>()  // h'
+                                  .Ret<xla::ffi::AnyBuffer>()  // hbar'
+                                  .Ret<xla::ffi::AnyBuffer>()  // x'
+                                  .Ret<xla::ffi::AnyBuffer>()  // x_partials
+                                  .Ret<xla::ffi::AnyBuffer>()  // coef_ws
                                   .Attr<int32_t>("columns"),
                               {xla::ffi::Traits::kCmdBufferCompatible});
 

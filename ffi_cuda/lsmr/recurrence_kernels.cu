@@ -16,18 +16,15 @@ struct alignas(16) Vec16 {
   T lane[kLanes];
 };
 
-// Sum of squares of a row's partial norms over the CTA (every thread gets it): a fixed order (strided per thread,
-// then an xor tree per warp and warp 0 over the warps), so every CTA of the row gets the same bits.
-template <typename T>
-__device__ double BlockSumOfSquares(const T* partials, int64_t count) {
+// Sum of `value` over the CTA (every thread gets it) in a fixed order: an xor tree per warp, then warp 0 over the
+// warps. Deterministic for a given blockDim, so every CTA that sums the same values gets the same bits.
+__device__ double BlockSum(double value) {
   __shared__ double warp_sums[kThreads / 32];
   __shared__ double total;
-  double s = 0;
-  for (int64_t i = threadIdx.x; i < count; i += kThreads) s += static_cast<double>(partials[i]) * partials[i];
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  for (int off = 16; off > 0; off >>= 1) value += __shfl_xor_sync(0xffffffffu, value, off);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_sums[warp] = s;
+  if (lane == 0) warp_sums[warp] = value;
   __syncthreads();
   if (warp == 0) {
     double w = lane < kThreads / 32 ? warp_sums[lane] : 0.0;
@@ -39,6 +36,14 @@ __device__ double BlockSumOfSquares(const T* partials, int64_t count) {
   const double result = total;
   __syncthreads();  // warp_sums / total are reused by the next call
   return result;
+}
+
+// Sum of squares of a row's partial norms (strided per thread, then BlockSum).
+template <typename T>
+__device__ double BlockSumOfSquares(const T* partials, int64_t count) {
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < count; i += kThreads) s += static_cast<double>(partials[i]) * partials[i];
+  return BlockSum(s);
 }
 
 // kUnroll: vectors per thread per step; the loads of all of them issue before any math.
@@ -85,7 +90,8 @@ __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NO
     constexpr bool kNorms = Update::kNormOut >= 0 || Update::kNormIn >= 0;
     double squares = 0;  // this thread's share of the sum of squares of the normed vector in this CTA
     auto add_square = [&](const T* in, const T* out) {
-      if constexpr (Update::kNormOut >= 0) squares += static_cast<double>(out[Update::kNormOut]) * out[Update::kNormOut];
+      if constexpr (Update::kNormOut >= 0)
+        squares += static_cast<double>(out[Update::kNormOut]) * out[Update::kNormOut];
       if constexpr (Update::kNormIn >= 0) squares += static_cast<double>(in[Update::kNormIn]) * in[Update::kNormIn];
     };
     // Scalar head and tail (the whole row when the pointers disagree on alignment).
@@ -138,20 +144,8 @@ __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NO
       }
     }
     if constexpr (kNorms) {
-      // Fixed-order CTA sum (xor tree per warp, then warp 0 over the warps): deterministic for a given grid.
-      __shared__ double warp_sums[kThreads / 32];
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) squares += __shfl_xor_sync(0xffffffffu, squares, off);
-      const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-      if (lane == 0) warp_sums[warp] = squares;
-      __syncthreads();
-      if (warp == 0) {
-        double s = lane < kThreads / 32 ? warp_sums[lane] : 0.0;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-        if (lane == 0) args.partials[row * gridDim.x + blockIdx.x] = static_cast<T>(sqrt(s));
-      }
-      __syncthreads();  // warp_sums is reused by the next row
+      const double total = BlockSum(squares);  // fixed order: deterministic for a given grid
+      if (threadIdx.x == 0) args.partials[row * gridDim.x + blockIdx.x] = static_cast<T>(sqrt(total));
     }
   }
 }
@@ -275,8 +269,7 @@ cudaError_t LaunchColumns(cudaStream_t stream, ColumnsArgs<T, Update::kIn, Updat
   return cudaGetLastError();
 }
 
-namespace {
-}  // namespace
+namespace {}  // namespace
 
 // Tuned on the H200 with ffi_cuda/tools/recurrence_bench.cu: one 16-byte vector per thread and an uncapped grid
 // gave 1.01x the copy kernel's bandwidth at n = 1e8 (capped grid-stride variants: 0.89-0.97x). See
@@ -292,10 +285,8 @@ cudaError_t LaunchRowwise(cudaStream_t stream, const RowwiseArgs<T, Update::kIn,
 template <typename T>
 __global__ void __launch_bounds__(kThreads) ScalarsKernel(ScalarsArgs<T> args) {
   for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
-    const double squares_v =
-        BlockSumOfSquares(args.v_partials + row * args.num_v_partials, args.num_v_partials);
-    const double squares_x =
-        BlockSumOfSquares(args.x_partials + row * args.num_x_partials, args.num_x_partials);
+    const double squares_v = BlockSumOfSquares(args.v_partials + row * args.num_v_partials, args.num_v_partials);
+    const double squares_x = BlockSumOfSquares(args.x_partials + row * args.num_x_partials, args.num_x_partials);
     if (threadIdx.x == 0) LsmrScalarStep(args, row, squares_v, squares_x);
   }
 }
@@ -327,9 +318,9 @@ JAX_OPS_INSTANTIATE(LsmrIterationUpdate, float)
 JAX_OPS_INSTANTIATE(LsmrIterationUpdate, double)
 #undef JAX_OPS_INSTANTIATE
 
-#define JAX_OPS_INSTANTIATE(UPDATE, T)                                                                             \
-  template cudaError_t LaunchColumns<UPDATE, T>(cudaStream_t, ColumnsArgs<T, UPDATE::kIn, UPDATE::kOut, UPDATE::kCoef>, \
-                                                const ColumnState<T>&, T*);
+#define JAX_OPS_INSTANTIATE(UPDATE, T)           \
+  template cudaError_t LaunchColumns<UPDATE, T>( \
+      cudaStream_t, ColumnsArgs<T, UPDATE::kIn, UPDATE::kOut, UPDATE::kCoef>, const ColumnState<T>&, T*);
 JAX_OPS_INSTANTIATE(PartialNormsUpdate, float)
 JAX_OPS_INSTANTIATE(PartialNormsUpdate, double)
 JAX_OPS_INSTANTIATE(NormalizeUpdate, float)

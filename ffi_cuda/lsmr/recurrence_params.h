@@ -99,7 +99,6 @@ constexpr int64_t ColumnsPartials(int64_t rows, int64_t k) {
   return rows == 0 ? 1 : (rows + per_cta - 1) / per_cta;
 }
 
-
 // partials must have the vectors' dtype and shape [leading dims..., count].
 inline ffi::Error CheckPartials(const ffi::AnyBuffer& partials, const ffi::AnyBuffer& vector, int64_t count) {
   return CheckRowArray(partials, "partials", vector.element_type(), vector, count);
@@ -137,9 +136,8 @@ ffi::ErrorOr<BlockShape> CheckBlock(const ffi::AnyBuffer* const (&vectors)[NV], 
     return shape;
   }
   if (dims.size() < 2)
-    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string(vector_names[0]) +
-                                                       " must be [..., n, columns] in the column layout; got " +
-                                                       ShapeString(dims)));
+    return ffi::Unexpected(ffi::Error::InvalidArgument(
+        std::string(vector_names[0]) + " must be [..., n, columns] in the column layout; got " + ShapeString(dims)));
   shape.n = dims[dims.size() - 2];
   shape.cols = dims[dims.size() - 1];
   for (size_t d = 0; d + 2 < dims.size(); ++d) shape.batch *= dims[d];
@@ -166,8 +164,7 @@ inline ffi::Error CheckColumnState(ffi::DataType dt, const std::vector<int64_t>&
 inline ffi::Error CheckCoefWorkspace(const ffi::AnyBuffer& ws, ffi::DataType dt, const BlockShape& shape, int kCoef) {
   if (shape.columns) return CheckRowArray(ws, "coef_ws", dt, shape.lead, kCoef);
   if (ws.element_count() != 0)
-    return ffi::Error::InvalidArgument("coef_ws must be empty in the row layout; got " +
-                                       ShapeString(ws.dimensions()));
+    return ffi::Error::InvalidArgument("coef_ws must be empty in the row layout; got " + ShapeString(ws.dimensions()));
   return ffi::Error::Success();
 }
 
@@ -199,9 +196,9 @@ struct ElementwiseTraits {
 };
 
 struct HbarXUpdate : ElementwiseTraits {
-  static constexpr int kIn = 3;        // h, hbar, x
-  static constexpr int kOut = 2;       // hbar', x'
-  static constexpr int kCoef = 2;      // c_h, c_x
+  static constexpr int kIn = 3;    // h, hbar, x
+  static constexpr int kOut = 2;   // hbar', x'
+  static constexpr int kCoef = 2;  // c_h, c_x
   template <typename T>
 #ifdef __CUDACC__
   __host__ __device__
@@ -226,6 +223,21 @@ struct HUpdate : ElementwiseTraits {
   }
 };
 
+// The step's expressions (v' = keep_v ? v_kept : vb * s_v, hbar' = h - c_h hbar, x' = x + c_x hbar',
+// h' = v' - c_v h; c = s_v, keep_v, c_h, c_x, c_v), written once for LsmrStepUpdate and LsmrIterationUpdate.
+template <typename T>
+#ifdef __CUDACC__
+__host__ __device__
+#endif
+    inline void StepExpressions(const T* c, T vb, T v_kept, T h, T hbar, T x, T* out) {
+  const T v_new = c[1] != T(0) ? v_kept : MulRn(vb, c[0]);
+  const T hbar_new = h - c[2] * hbar;
+  out[0] = v_new;
+  out[1] = v_new - c[4] * h;
+  out[2] = hbar_new;
+  out[3] = x + c[3] * hbar_new;
+}
+
 // One LSMR iteration's vector work after the two products, in one pass (what the solver runs):
 //   v'    = keep_v ? v : vb * s_v          (SciPy: v = A^T u - beta v, then v *= 1/alpha unless beta = 0)
 //   hbar' = h - c_h * hbar;   x' = x + c_x * hbar';   h' = v' - c_v * h
@@ -243,12 +255,7 @@ struct LsmrStepUpdate : ElementwiseTraits {
   __host__ __device__
 #endif
       static void Apply(const T* c, const T* in, T* out) {
-    const T v_new = c[1] != T(0) ? in[1] : MulRn(in[0], c[0]);
-    const T hbar_new = in[2] - c[2] * in[3];
-    out[0] = v_new;
-    out[1] = v_new - c[4] * in[2];
-    out[2] = hbar_new;
-    out[3] = in[4] + c[3] * hbar_new;
+    StepExpressions(c, in[0], in[1], in[2], in[3], in[4], out);
   }
 };
 
@@ -353,12 +360,7 @@ struct LsmrIterationUpdate : ElementwiseTraits {
   __host__ __device__
 #endif
       static void Apply(const T* c, const T* in, T* out) {
-    const T v_new = c[1] != T(0) ? in[0] : MulRn(in[0], c[0]);
-    const T hbar_new = in[1] - c[2] * in[2];
-    out[0] = v_new;
-    out[1] = v_new - c[4] * in[1];
-    out[2] = hbar_new;
-    out[3] = in[3] + c[3] * hbar_new;
+    StepExpressions(c, in[0], in[0], in[1], in[2], in[3], out);  // keep_v takes vb itself (= v then)
   }
   template <typename T>
 #ifdef __CUDACC__
@@ -376,15 +378,15 @@ struct LsmrIterationUpdate : ElementwiseTraits {
 // the vector update's coefficients), LsmrPostStep, and -alpha for the next product A v - alpha u. In place.
 template <typename T>
 struct ScalarsArgs {
-  T* sc = nullptr;           // [rows, kNumScalars]
-  int32_t* ints = nullptr;   // [rows, kNumInts]
-  T* neg_alpha = nullptr;    // [rows]
-  const T* beta = nullptr;   // [rows]
-  const T* params = nullptr; // [rows, kNumParams]
+  T* sc = nullptr;                   // [rows, kNumScalars]
+  int32_t* ints = nullptr;           // [rows, kNumInts]
+  T* neg_alpha = nullptr;            // [rows]
+  const T* beta = nullptr;           // [rows]
+  const T* params = nullptr;         // [rows, kNumParams]
   const int32_t* maxiter = nullptr;  // [rows]
   const T* v_partials = nullptr;     // [rows, num_v_partials]: partial norms of A^T u - beta v
   int64_t num_v_partials = 0;
-  const T* x_partials = nullptr;     // [rows, num_x_partials]: partial norms of the updated x
+  const T* x_partials = nullptr;  // [rows, num_x_partials]: partial norms of the updated x
   int64_t num_x_partials = 0;
   int64_t rows = 0;
 };
@@ -403,7 +405,6 @@ __host__ __device__
   LsmrPostStep(pre, beta, static_cast<T>(sqrt(squares_x)), params, a.maxiter[row], sc, ints);
   a.neg_alpha[row] = -sc[kAlpha];
 }
-
 
 // The scalars kernel's buffers, checked (the CPU twin and the CUDA handler share this). The rows are neg_alpha's
 // shape; each partials array has those leading dims and its own length.
@@ -439,13 +440,13 @@ struct ScalarsBuffers {
 inline ffi::ErrorOr<ScalarsBuffers> CheckScalarsArgs(ffi::AnyBuffer& sc, ffi::AnyBuffer& ints,
                                                      ffi::AnyBuffer& neg_alpha, const ffi::AnyBuffer& beta,
                                                      const ffi::AnyBuffer& params, const ffi::AnyBuffer& maxiter,
-                                                     const ffi::AnyBuffer& v_partials,
-                                                     const ffi::AnyBuffer& x_partials, ffi::AnyBuffer& sc_out,
-                                                     ffi::AnyBuffer& ints_out, ffi::AnyBuffer& neg_alpha_out) {
+                                                     const ffi::AnyBuffer& v_partials, const ffi::AnyBuffer& x_partials,
+                                                     ffi::AnyBuffer& sc_out, ffi::AnyBuffer& ints_out,
+                                                     ffi::AnyBuffer& neg_alpha_out) {
   const ffi::DataType dt = neg_alpha.element_type();
   if (dt != ffi::DataType::F32 && dt != ffi::DataType::F64)
-    return ffi::Unexpected(ffi::Error::InvalidArgument(std::string("neg_alpha must be float32 or float64; got ") +
-                                                       DTypeName(dt)));
+    return ffi::Unexpected(
+        ffi::Error::InvalidArgument(std::string("neg_alpha must be float32 or float64; got ") + DTypeName(dt)));
   auto nd = neg_alpha.dimensions();
   const std::vector<int64_t> lead(nd.begin(), nd.end());
   auto parts_ok = [&](const ffi::AnyBuffer& p, const char* name) {

@@ -21,8 +21,30 @@
 namespace jax_ops::lsmr {
 
 enum Scalar : int {
-  kAlpha, kBeta, kZetabar, kAlphabar, kRho, kRhobar, kCbar, kSbar, kBetadd, kBetad, kRhodold, kTautildeold,
-  kThetatilde, kZeta, kD, kNormA2, kMaxrbar, kMinrbar, kNormA, kCondA, kNormx, kNormr, kNormar, kNumScalars
+  kAlpha,
+  kBeta,
+  kZetabar,
+  kAlphabar,
+  kRho,
+  kRhobar,
+  kCbar,
+  kSbar,
+  kBetadd,
+  kBetad,
+  kRhodold,
+  kTautildeold,
+  kThetatilde,
+  kZeta,
+  kD,
+  kNormA2,
+  kMaxrbar,
+  kMinrbar,
+  kNormA,
+  kCondA,
+  kNormx,
+  kNormr,
+  kNormar,
+  kNumScalars
 };
 enum IntState : int { kItn, kIstop, kDone, kNumInts };
 enum Param : int { kDamp, kAtol, kBtol, kConlim, kNormb, kNumParams };
@@ -96,7 +118,7 @@ JAX_OPS_HD inline PreStep<T> LsmrPreStep(const T* sc, bool active, T beta, T alp
   p.zeta = p.cbar * sc[kZetabar];
   p.zetabar = -p.sbar * sc[kZetabar];
   p.coef[0] = alpha_raw > T(0) ? T(1) / alpha_raw : T(1);  // s_v
-  p.coef[1] = pos_b ? T(0) : T(1);                          // keep_v
+  p.coef[1] = pos_b ? T(0) : T(1);                         // keep_v
   p.coef[2] = active ? p.thetabar * p.rho / (rhoold * rhobarold) : T(0);
   p.coef[3] = active ? p.zeta / (p.rho * p.rhobar) : T(0);
   p.coef[4] = active ? p.thetanew / p.rho : T(0);
@@ -156,9 +178,9 @@ JAX_OPS_HD inline void LsmrPostStep(const PreStep<T>& p, T beta, T normx, const 
   if (!(isfinite(normr) && isfinite(normar) && isfinite(normx) && isfinite(normA))) istop = -1;
   if (!active) return;
 
-  const T updated[kNumScalars] = {
-      p.alpha,     beta,     p.zetabar, p.alphabar, p.rho,   p.rhobar, p.cbar, p.sbar,  betadd,  betad,  rhodold, tautildeold,
-      thetatilde,  p.zeta,   d,         normA2,     maxrbar, minrbar,  normA,  condA,   normx,   normr,  normar};
+  const T updated[kNumScalars] = {p.alpha, beta,    p.zetabar, p.alphabar,  p.rho,      p.rhobar, p.cbar, p.sbar,
+                                  betadd,  betad,   rhodold,   tautildeold, thetatilde, p.zeta,   d,      normA2,
+                                  maxrbar, minrbar, normA,     condA,       normx,      normr,    normar};
   for (int i = 0; i < kNumScalars; ++i) sc[i] = updated[i];
   ints[kItn] = itn;
   ints[kIstop] = istop;
