@@ -169,10 +169,7 @@ inline ffi::Error CheckCoefWorkspace(const ffi::AnyBuffer& ws, ffi::DataType dt,
 }
 
 template <typename T>
-#ifdef __CUDACC__
-__host__ __device__
-#endif
-    inline T MulRn(T a, T b) {
+JAX_OPS_HD inline T MulRn(T a, T b) {
 #ifdef __CUDA_ARCH__
   if constexpr (sizeof(T) == 4)
     return __fmul_rn(a, b);
@@ -200,10 +197,7 @@ struct HbarXUpdate : ElementwiseTraits {
   static constexpr int kOut = 2;   // hbar', x'
   static constexpr int kCoef = 2;  // c_h, c_x
   template <typename T>
-#ifdef __CUDACC__
-  __host__ __device__
-#endif
-      static void Apply(const T* c, const T* in, T* out) {
+  JAX_OPS_HD static void Apply(const T* c, const T* in, T* out) {
     const T hbar_new = in[0] - c[0] * in[1];
     out[0] = hbar_new;
     out[1] = in[2] + c[1] * hbar_new;
@@ -215,10 +209,7 @@ struct HUpdate : ElementwiseTraits {
   static constexpr int kOut = 1;   // h'
   static constexpr int kCoef = 1;  // c_v
   template <typename T>
-#ifdef __CUDACC__
-  __host__ __device__
-#endif
-      static void Apply(const T* c, const T* in, T* out) {
+  JAX_OPS_HD static void Apply(const T* c, const T* in, T* out) {
     out[0] = in[0] - c[0] * in[1];
   }
 };
@@ -226,10 +217,7 @@ struct HUpdate : ElementwiseTraits {
 // The step's expressions (v' = keep_v ? v_kept : vb * s_v, hbar' = h - c_h hbar, x' = x + c_x hbar',
 // h' = v' - c_v h; c = s_v, keep_v, c_h, c_x, c_v), written once for LsmrStepUpdate and LsmrIterationUpdate.
 template <typename T>
-#ifdef __CUDACC__
-__host__ __device__
-#endif
-    inline void StepExpressions(const T* c, T vb, T v_kept, T h, T hbar, T x, T* out) {
+JAX_OPS_HD inline void StepExpressions(const T* c, T vb, T v_kept, T h, T hbar, T x, T* out) {
   const T v_new = c[1] != T(0) ? v_kept : MulRn(vb, c[0]);
   const T hbar_new = h - c[2] * hbar;
   out[0] = v_new;
@@ -251,10 +239,7 @@ struct LsmrStepUpdate : ElementwiseTraits {
   static constexpr int kCoef = 5;     // s_v, keep_v (0 or 1), c_h, c_x, c_v
   static constexpr int kNormOut = 3;  // x': one partial norm per CTA
   template <typename T>
-#ifdef __CUDACC__
-  __host__ __device__
-#endif
-      static void Apply(const T* c, const T* in, T* out) {
+  JAX_OPS_HD static void Apply(const T* c, const T* in, T* out) {
     StepExpressions(c, in[0], in[1], in[2], in[3], in[4], out);
   }
 };
@@ -307,11 +292,7 @@ struct PartialNormsUpdate : ElementwiseTraits {
   static constexpr int kNormIn = 0;
   static constexpr int kUnroll = 4;  // 4 vectors per thread: a quarter of the partials to sum afterwards
   template <typename T>
-#ifdef __CUDACC__
-  __host__ __device__
-#endif
-      static void Apply(const T* c, const T* in, T* out) {
-  }
+  JAX_OPS_HD static void Apply(const T* c, const T* in, T* out) {}
 };
 
 // u = ub * (1 / beta) with beta = ||ub|| from ub's partial norms (SciPy: beta = norm(u); if beta > 0: u *= 1/beta).
@@ -324,17 +305,12 @@ struct NormalizeUpdate : ElementwiseTraits {
   static constexpr int kCoef = 1;  // 1 / beta, or 1 when beta = 0
   static constexpr bool kCoefFromState = true;
   template <typename T>
-#ifdef __CUDACC__
-  __host__ __device__
-#endif
-      static void Apply(const T* c, const T* in, T* out) {
+  JAX_OPS_HD static void Apply(const T* c, const T* in, T* out) {
     out[0] = in[0] * c[0];
   }
   template <typename T>
-#ifdef __CUDACC__
-  __host__ __device__
-#endif
-      static void Coefficients(const ColumnState<T>& st, int64_t row, double sum_of_squares, bool first_cta, T* c) {
+  JAX_OPS_HD static void Coefficients(const ColumnState<T>& st, int64_t row, double sum_of_squares, bool first_cta,
+                                      T* c) {
     using std::sqrt;
     const T beta = static_cast<T>(sqrt(sum_of_squares));
     c[0] = beta > T(0) ? T(1) / beta : T(1);
@@ -356,17 +332,12 @@ struct LsmrIterationUpdate : ElementwiseTraits {
   static constexpr int kNormOut = 3;  // x': one partial norm per CTA
   static constexpr bool kCoefFromState = true;
   template <typename T>
-#ifdef __CUDACC__
-  __host__ __device__
-#endif
-      static void Apply(const T* c, const T* in, T* out) {
+  JAX_OPS_HD static void Apply(const T* c, const T* in, T* out) {
     StepExpressions(c, in[0], in[0], in[1], in[2], in[3], out);  // keep_v takes vb itself (= v then)
   }
   template <typename T>
-#ifdef __CUDACC__
-  __host__ __device__
-#endif
-      static void Coefficients(const ColumnState<T>& st, int64_t row, double sum_of_squares, bool first_cta, T* c) {
+  JAX_OPS_HD static void Coefficients(const ColumnState<T>& st, int64_t row, double sum_of_squares, bool first_cta,
+                                      T* c) {
     using std::sqrt;
     const PreStep<T> pre = LsmrPreStep(st.sc + row * kNumScalars, st.ints[row * kNumInts + kDone] == 0, st.beta[row],
                                        static_cast<T>(sqrt(sum_of_squares)), st.params[row * kNumParams + kDamp]);
@@ -392,10 +363,7 @@ struct ScalarsArgs {
 };
 
 template <typename T>
-#ifdef __CUDACC__
-__host__ __device__
-#endif
-    inline void LsmrScalarStep(const ScalarsArgs<T>& a, int64_t row, double squares_v, double squares_x) {
+JAX_OPS_HD inline void LsmrScalarStep(const ScalarsArgs<T>& a, int64_t row, double squares_v, double squares_x) {
   using std::sqrt;
   T* sc = a.sc + row * kNumScalars;
   int32_t* ints = a.ints + row * kNumInts;

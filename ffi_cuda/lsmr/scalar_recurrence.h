@@ -4,8 +4,8 @@
 // One column's state is a row of `sc` [.., kNumScalars] (the order of jax_ops/lsmr_solver.py's _SCALARS), a row of
 // `ints` [.., kNumInts] (itn, istop, done) and a row of `params` [.., kNumParams]. The arithmetic is the
 // solver's Python recurrence in the vectors' dtype T, operation for operation, without contraction into fma
-// (the CUDA sources that include this are compiled with -fmad=false), so a kernel that recomputes PreStep from the
-// same inputs gets the same bits.
+// (the kernels' source, recurrence_kernels.cu, is compiled with --fmad=false), so a kernel that recomputes PreStep from
+// the same inputs gets the same bits.
 #pragma once
 
 #include <cmath>
