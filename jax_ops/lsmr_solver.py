@@ -14,7 +14,7 @@ Design (see ``docs/lsmr.md`` for the full story):
   its own. A converged column is frozen (its scalars by ``jnp.where``, its ``x`` by zero coefficients of the
   fused update); the loop runs until every column is done.
 * Per iteration: ``u <- A v - alpha u`` and ``v <- A^T u - beta v`` (a fused matvec-with-beta when the operator
-  has one), then four launches of our kernels (``_step_kernels``): partial norms of u's update, u's
+  has one), then five launches of our kernels (``_step_kernels``): partial norms of u's update, u's
   normalisation, partial norms of v's update, one vector update (v's normalisation, h, hbar, x, partial norms
   of x; each CTA derives its coefficients from the scalar state), and one scalar kernel (the rotations, the
   estimates, the stopping tests) -- no XLA reductions or scalar fusions in the loop.
