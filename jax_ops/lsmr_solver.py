@@ -757,7 +757,10 @@ def _block_solver(spec, has_x0: bool, loop: _LoopConfig, implementation):
         X02 = None if X0 is None else flat(X0, X0_b)
         cp2 = _ColParams(*(flat(a, f) for a, f in zip(cp, cp_b)))
         out = solve(leaves, B2, X02, cp2)  # again through custom_vmap: nested vmaps fold into one block
-        out = jax.tree_util.tree_map(lambda a: a.reshape(axis_size, -1, *a.shape[1:]), out)
+        # explicit sizes, not -1: a solution x with n = 0 has no elements to infer the axis from
+        out = jax.tree_util.tree_map(
+            lambda a: a.reshape(axis_size, a.shape[0] // axis_size, *a.shape[1:]), out
+        )
         return out, jax.tree_util.tree_map(lambda _: True, out)
 
     primal = jax.custom_vjp(solve)

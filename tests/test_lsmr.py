@@ -490,6 +490,17 @@ def test_vmap_nested_and_batched_params(x64):
     assert _rel(out.x[1], ref[0]) <= 1e-6 and int(out.itn[1]) == ref[2]
 
 
+@pytest.mark.parametrize("shape", [(5, 0), (0, 5)])
+def test_empty_matrix_single_and_vmap(shape):
+    # n = 0 or m = 0: x = 0 (SciPy's b = 0 / normar = 0 exits), istop 0, itn 0; vmap too (the block solve's
+    # unfold reshapes a [k, 0] x).
+    a = jnp.ones(shape)
+    out = jax_ops.lsmr(a, jnp.ones(shape[0]))
+    assert (int(out.istop), int(out.itn), out.x.shape) == (0, 0, (shape[1],))
+    out = jax.vmap(lambda b: jax_ops.lsmr(a, b))(jnp.ones((2, shape[0])))
+    assert out.x.shape == (2, shape[1]) and list(np.asarray(out.istop)) == [0, 0]
+
+
 def test_vmap_block_over_batched_matrices(x64):
     # vmap over b (a block solve: the fused iteration's column layout [n, k]) inside vmap over a batched matrix (JAX
     # batches the loop: the kernels then see leading batch dims [B, n, k]).
