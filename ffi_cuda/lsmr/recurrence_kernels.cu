@@ -301,32 +301,23 @@ cudaError_t LaunchScalars(cudaStream_t stream, const ScalarsArgs<T>& args) {
 template cudaError_t LaunchScalars<float>(cudaStream_t, const ScalarsArgs<float>&);
 template cudaError_t LaunchScalars<double>(cudaStream_t, const ScalarsArgs<double>&);
 
-#define JAX_OPS_INSTANTIATE(UPDATE, T)                        \
+// Row layout for every update; the fused iteration's updates also in the column layout.
+#define JAX_OPS_INSTANTIATE_ROWS(UPDATE, T)                   \
   template cudaError_t LaunchRowwise<UPDATE, T>(cudaStream_t, \
                                                 const RowwiseArgs<T, UPDATE::kIn, UPDATE::kOut, UPDATE::kCoef>&, int);
-JAX_OPS_INSTANTIATE(HbarXUpdate, float)
-JAX_OPS_INSTANTIATE(HbarXUpdate, double)
-JAX_OPS_INSTANTIATE(HUpdate, float)
-JAX_OPS_INSTANTIATE(HUpdate, double)
-JAX_OPS_INSTANTIATE(LsmrStepUpdate, float)
-JAX_OPS_INSTANTIATE(LsmrStepUpdate, double)
-JAX_OPS_INSTANTIATE(PartialNormsUpdate, float)
-JAX_OPS_INSTANTIATE(PartialNormsUpdate, double)
-JAX_OPS_INSTANTIATE(NormalizeUpdate, float)
-JAX_OPS_INSTANTIATE(NormalizeUpdate, double)
-JAX_OPS_INSTANTIATE(LsmrIterationUpdate, float)
-JAX_OPS_INSTANTIATE(LsmrIterationUpdate, double)
-#undef JAX_OPS_INSTANTIATE
-
-#define JAX_OPS_INSTANTIATE(UPDATE, T)           \
+#define JAX_OPS_INSTANTIATE_BOTH(UPDATE, T)      \
+  JAX_OPS_INSTANTIATE_ROWS(UPDATE, T)            \
   template cudaError_t LaunchColumns<UPDATE, T>( \
       cudaStream_t, ColumnsArgs<T, UPDATE::kIn, UPDATE::kOut, UPDATE::kCoef>, const ColumnState<T>&, T*);
-JAX_OPS_INSTANTIATE(PartialNormsUpdate, float)
-JAX_OPS_INSTANTIATE(PartialNormsUpdate, double)
-JAX_OPS_INSTANTIATE(NormalizeUpdate, float)
-JAX_OPS_INSTANTIATE(NormalizeUpdate, double)
-JAX_OPS_INSTANTIATE(LsmrIterationUpdate, float)
-JAX_OPS_INSTANTIATE(LsmrIterationUpdate, double)
+#define JAX_OPS_INSTANTIATE(MACRO, UPDATE) MACRO(UPDATE, float) MACRO(UPDATE, double)
+JAX_OPS_INSTANTIATE(JAX_OPS_INSTANTIATE_ROWS, HbarXUpdate)
+JAX_OPS_INSTANTIATE(JAX_OPS_INSTANTIATE_ROWS, HUpdate)
+JAX_OPS_INSTANTIATE(JAX_OPS_INSTANTIATE_ROWS, LsmrStepUpdate)
+JAX_OPS_INSTANTIATE(JAX_OPS_INSTANTIATE_BOTH, PartialNormsUpdate)
+JAX_OPS_INSTANTIATE(JAX_OPS_INSTANTIATE_BOTH, NormalizeUpdate)
+JAX_OPS_INSTANTIATE(JAX_OPS_INSTANTIATE_BOTH, LsmrIterationUpdate)
 #undef JAX_OPS_INSTANTIATE
+#undef JAX_OPS_INSTANTIATE_BOTH
+#undef JAX_OPS_INSTANTIATE_ROWS
 
 }  // namespace jax_ops::lsmr
