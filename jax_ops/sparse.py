@@ -44,10 +44,14 @@ from jax import lax
 from jax_ops import _checks, _ffi
 
 __all__ = [
+    "BlockPlan",
+    "Blocks",
     "CSRPair",
+    "MAX_BLOCK_ROWS",
     "RowProfile",
     "SlabModel",
     "Slabs",
+    "block_rows_host",
     "csr_pair",
     "matmul",
     "slab_model",
@@ -57,7 +61,16 @@ __all__ = [
 ]
 
 ALGORITHMS = ("vector", "warp", "cta", "split", "stream", "segmented", "cusparse")
-_ALG_CODE = {"vector": 0, "warp": 0, "cta": 1, "split": 2, "stream": 3, "segmented": 4, "cusparse": 5}
+_ALG_CODE = {
+    "vector": 0,
+    "warp": 0,
+    "cta": 1,
+    "split": 2,
+    "stream": 3,
+    "segmented": 4,
+    "cusparse": 5,
+    "blocks": 6,
+}
 # The cusparse plan (split's lists for N > 1; N = 1 f32/f64 products on cuSPARSE's deterministic CSR_ALG2): the
 # auto rule takes it where it would take split. H200, spmv_bench --tails (2026-12-01), power-law 1M Ax: split
 # 204.9 µs, cuSPARSE CSR_ALG2 171.6 µs with descriptors and buffer query per call (as the FFI handler does),
@@ -565,6 +578,101 @@ def _build_slabs(indptr, indices, values, m: int, k: int, items: int | None = No
     return Slabs(ptr, col, val, jnp.asarray(work), plan)
 
 
+# ------------------------------------------------------------------------------------------------ row blocks
+# Rows that share a column list: in a bundle-adjustment Jacobian the 2 rows of an observation (A), a camera's 9
+# rows and a point's 3 (Aᵀ); in a PDE system with R unknowns per node, the node's R rows. The blocks form ("R x 1
+# BSR", the csr_spmm contract's blocks plan in ffi_cuda/sparse/spmm_params.h) stores the column list once per
+# block of R consecutive rows and the R values of a position side by side, so an N = 1 product reads 4 + 4/R index
+# bytes per entry instead of 8 and gathers the dense operand once per R entries. Found on the host (O(nnz) per R)
+# when a CSRPair is built from concrete arrays; N = 1 products use it, others the CSR arrays.
+MAX_BLOCK_ROWS = 4  # kMaxBlockRows in ffi_cuda/sparse/spmm_params.h
+
+
+def _block_positions(ip: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
+    """(block indptr int64[M/R + 1], positions int64[P, R]): the CSR position of entry p of every block's row i,
+    for a monotone indptr whose rows come in blocks of R equal lengths."""
+    m = ip.shape[0] - 1
+    blen = np.diff(ip)[::r]
+    bptr = np.concatenate([[0], np.cumsum(blen)])
+    within = np.arange(int(bptr[-1])) - np.repeat(bptr[:-1], blen)
+    pos = np.stack([np.repeat(ip[i:m:r], blen) + within for i in range(r)], axis=1)
+    return bptr, pos
+
+
+def block_rows_host(indptr, indices) -> int:
+    """The largest R in [2, MAX_BLOCK_ROWS] such that rows R·b .. R·b + R - 1 hold the same column list (same length,
+    same columns in the same order) for every block b; 1 when no R does. Host (concrete arrays)."""
+    ip = np.asarray(indptr, np.int64)
+    m = ip.shape[0] - 1
+    lens = np.diff(ip)
+    idx = None
+    for r in range(MAX_BLOCK_ROWS, 1, -1):
+        if m <= 0 or m % r:
+            continue
+        lr = lens.reshape(-1, r)
+        if not (lr == lr[:, :1]).all():
+            continue
+        idx = np.asarray(indices) if idx is None else idx
+        _, pos = _block_positions(ip, r)
+        cols = idx[pos]
+        if (cols == cols[:, :1]).all():
+            return r
+    return 1
+
+
+# The auto rule: the blocks form serves N = 1 products when R >= 3. H200, spmv_bench --blocks (2026-12-01, µs, f32):
+# Aᵀu of bundle-adjustment 1M (R = 3) CSR vector 99.7 -> blocks 61.9 (cuSPARSE 74.7), of LSMR's ba-like Jacobian
+# segmented 46.0 -> 30.7 (43.3); but A x of both (R = 2, 12 entries per row, the pair's x gathers already L1
+# hits) slower: 72.3 -> 79.2-80.9 and 40.4 -> 43.6-44.3. (blocks=True builds the form for any R.)
+_BLOCKS_MIN_ROWS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockPlan:
+    """Static shape of a blocks form: R rows per block, M / R block rows, CTAs of its segment table."""
+
+    rows: int
+    block_rows: int
+    ctas: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """A matrix in the blocks form (arrays as in spmm_params.h) with its static plan; a registered pytree.
+    ``values[R p + i]`` is the entry of row R b + i at position p of block row b."""
+
+    indptr: jax.Array
+    indices: jax.Array
+    values: jax.Array
+    seg_table: jax.Array
+    seg_ptr: jax.Array
+    plan: BlockPlan
+
+
+jax.tree_util.register_dataclass(
+    Blocks, data_fields=["indptr", "indices", "values", "seg_table", "seg_ptr"], meta_fields=["plan"]
+)
+
+
+def _build_blocks(indptr, indices, values, r: int) -> Blocks:
+    """The blocks form with R rows per block of a concrete CSR (monotone indptr) whose rows come in such blocks
+    (block_rows_host). The values are gathered on the device from ``values`` (gradients flow through the build)."""
+    ip = np.asarray(indptr, np.int64)
+    bptr, pos = _block_positions(ip, r)
+    cols = np.asarray(indices)[pos[:, 0]]
+    vals = jnp.asarray(values)[jnp.asarray(pos.reshape(-1).astype(np.int32))]
+    table, seg_ptr, ctas = _segment_table(segments_host(bptr, DEFAULT_SEGMENT_ROWS))
+    plan = BlockPlan(r, (ip.shape[0] - 1) // r, ctas)
+    return Blocks(
+        jnp.asarray(bptr.astype(np.int32)),
+        jnp.asarray(cols),
+        vals,
+        jnp.asarray(table),
+        jnp.asarray(seg_ptr),
+        plan,
+    )
+
+
 # ------------------------------------------------------------------------------------------ long-row lists
 def _long_rows_host(indptr: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, int]:
     lens = np.diff(np.asarray(indptr, np.int64))
@@ -836,26 +944,64 @@ def _ffi_slab(ptr, col, val, work, b2, alpha, beta, y, *, plan: SlabPlan):
     return res[:, None]
 
 
+def _ffi_blocks(bptr, bcol, bval, seg_table, seg_ptr, b2, alpha, beta, y, *, plan: BlockPlan):
+    """``alpha * (A x) + beta * y`` through the csr_spmm target's blocks plan (b2 = x as [K, 1], y [M, 1] or
+    [0])."""
+    m = plan.rows * plan.block_rows
+    out = jax.ShapeDtypeStruct((m, 1), bval.dtype)
+    ws = jax.ShapeDtypeStruct((1,), _acc_dtype(bval.dtype))
+    res, _ = _ffi.ffi_call(
+        "jax_ops_sparse_csr_spmm",
+        (out, ws),
+        bptr,
+        bcol,
+        bval,
+        b2,
+        alpha,
+        beta,
+        y,
+        seg_table,
+        seg_ptr,
+        input_output_aliases={6: 0} if y.size else None,
+        algorithm=np.int32(_ALG_CODE["blocks"]),
+        group=np.int32(32),  # not read: the segment table holds the lanes per block row
+        chunk=np.int64(plan.ctas),
+    )
+    return res
+
+
+def _alt_leaves(alt) -> tuple:
+    """The array leaves of an N = 1 form (Slabs or Blocks), in the order its kernel call takes them."""
+    if isinstance(alt, Slabs):
+        return (alt.ptr, alt.col, alt.val, alt.work)
+    return (alt.indptr, alt.indices, alt.values, alt.seg_table, alt.seg_ptr)
+
+
 @functools.cache
-def _slab_core(slab: SlabPlan, plan: Plan, implementation: str | None):
-    """N = 1 product through column slabs; vmap folds the batch into the columns of a CSR SpMM (``_core``), or
-    stays on slabs when the folded width is still 1."""
+def _alt_core(alt_plan, plan: Plan, implementation: str | None):
+    """N = 1 product through another form of the matrix (column slabs for SlabPlan, row blocks for BlockPlan);
+    vmap folds the batch into the columns of a CSR SpMM (``_core``), or stays on the form when the folded width is
+    still 1. ``args``: the CSR arrays (indptr, indices, values, long_rows, long_ptr), the form's leaves
+    (_alt_leaves), then b2, alpha, beta, y."""
+    ffi_alt = _ffi_slab if isinstance(alt_plan, SlabPlan) else _ffi_blocks
 
     @jax.custom_batching.custom_vmap
-    def core(indptr, indices, values, long_rows, long_ptr, ptr, col, val, work, b2, alpha, beta, y):
+    def core(*args):
+        indptr, indices, values, long_rows, long_ptr = args[:5]
+        b2, alpha, beta, y = args[-4:]
         if b2.shape[1] != 1:
             return _core(plan, implementation)(
                 indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr
             )
-        return _ffi_slab(ptr, col, val, work, b2, alpha, beta, y, plan=slab)
+        return ffi_alt(*args[5:-4], b2, alpha, beta, y, plan=alt_plan)
 
     @core.def_vmap
     def _rule(axis_size, in_batched, *args):
-        indptr, indices, values, long_rows, long_ptr, ptr, col, val, work, b2, alpha, beta, y = args
-        if any(in_batched[:9]):
+        if any(in_batched[:-4]):
             return _map_batch(core, axis_size, args, in_batched), True
-        bf, af, betaf, yf = _fold_batch(axis_size, indptr.shape[0] - 1, b2, alpha, beta, y, in_batched[9:13])
-        out = core(indptr, indices, values, long_rows, long_ptr, ptr, col, val, work, bf, af, betaf, yf)
+        b2, alpha, beta, y = args[-4:]
+        bf, af, betaf, yf = _fold_batch(axis_size, args[0].shape[0] - 1, b2, alpha, beta, y, in_batched[-4:])
+        out = core(*args[:-4], bf, af, betaf, yf)
         return _unfold_batch(out, axis_size), True
 
     return core
@@ -869,7 +1015,7 @@ class _Static:
     plan: Plan
     plan_t: Plan | None  # None: no transposed CSR given (built in the backward pass)
     implementation: str | None
-    slab: SlabPlan | None = None  # column slabs of the product's matrix (N = 1 forward only)
+    alt: SlabPlan | BlockPlan | None = None  # the N = 1 form the forward product runs on (slabs or blocks)
 
 
 def _sampled(indptr, indices, g, b2, k):
@@ -885,28 +1031,16 @@ def _sampled(indptr, indices, g, b2, k):
     return jnp.where(valid, s, 0)
 
 
-def _uses_slabs(st: _Static, slabs, b2) -> bool:
-    """Whether the product runs on the column slabs (N = 1 with a pair that holds them, not the XLA path)."""
-    return st.slab is not None and slabs is not None and b2.shape[1] == 1 and st.implementation != "xla"
+def _uses_alt(st: _Static, alt, b2) -> bool:
+    """Whether the product runs on the N = 1 form ``alt`` (column slabs or blocks; N = 1, not the XLA path)."""
+    return st.alt is not None and alt is not None and b2.shape[1] == 1 and st.implementation != "xla"
 
 
-def _product(st: _Static, a_arrays, values, slabs, b2, alpha, beta, y):
+def _product(st: _Static, a_arrays, values, alt, b2, alpha, beta, y):
     indptr, indices, long_rows, long_ptr = a_arrays
-    if _uses_slabs(st, slabs, b2):
-        return _slab_core(st.slab, st.plan, st.implementation)(
-            indptr,
-            indices,
-            values,
-            long_rows,
-            long_ptr,
-            slabs.ptr,
-            slabs.col,
-            slabs.val,
-            slabs.work,
-            b2,
-            alpha,
-            beta,
-            y,
+    if _uses_alt(st, alt, b2):
+        return _alt_core(st.alt, st.plan, st.implementation)(
+            indptr, indices, values, long_rows, long_ptr, *_alt_leaves(alt), b2, alpha, beta, y
         )
     return _core(st.plan, st.implementation)(indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr)
 
@@ -925,14 +1059,31 @@ def _slab_sampled(slabs: Slabs, plan: SlabPlan, ga, b2):
     return jnp.where(valid, g, 0).astype(slabs.val.dtype)
 
 
+def _blocks_sampled(bl: Blocks, ga, b2):
+    """d/d bl.values of ``ga · (A b2)``: value R p + i (row R b + i, position p of block row b, column c) gets
+    ga[R b + i] * b2[c] (0 for an invalid column or a position outside every block row)."""
+    r = bl.plan.rows
+    npos = bl.indices.shape[0]
+    k = b2.shape[0]
+    acc = _acc_dtype(ga.dtype)
+    if npos == 0 or k == 0 or bl.plan.block_rows == 0:
+        return jnp.zeros((r * npos,), bl.values.dtype)
+    brow, inside = _row_ids(bl.indptr, npos)
+    valid = inside & (bl.indices >= 0) & (bl.indices < k)
+    xc = b2[jnp.clip(bl.indices, 0, k - 1), 0].astype(acc)
+    rows = brow[:, None] * r + jnp.arange(r, dtype=jnp.int32)[None, :]
+    g = ga[rows, 0].astype(acc) * xc[:, None]
+    return jnp.where(valid[:, None], g, 0).reshape(-1).astype(bl.values.dtype)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _apply(st: _Static, a_arrays, t_arrays, values, t_values, slabs, b2, alpha, beta, y):
-    return _product(st, a_arrays, values, slabs, b2, alpha, beta, y)
+def _apply(st: _Static, a_arrays, t_arrays, values, t_values, alt, b2, alpha, beta, y):
+    return _product(st, a_arrays, values, alt, b2, alpha, beta, y)
 
 
-def _apply_fwd(st, a_arrays, t_arrays, values, t_values, slabs, b2, alpha, beta, y):
-    out = _apply(st, a_arrays, t_arrays, values, t_values, slabs, b2, alpha, beta, y)
-    return out, (a_arrays, t_arrays, values, t_values, slabs, b2, alpha, beta, y)
+def _apply_fwd(st, a_arrays, t_arrays, values, t_values, alt, b2, alpha, beta, y):
+    out = _apply(st, a_arrays, t_arrays, values, t_values, alt, b2, alpha, beta, y)
+    return out, (a_arrays, t_arrays, values, t_values, alt, b2, alpha, beta, y)
 
 
 def _zero_cotangent(x):
@@ -942,7 +1093,7 @@ def _zero_cotangent(x):
 
 
 def _apply_bwd(st, res, g):
-    a_arrays, t_arrays, values, t_values, slabs, b2, alpha, beta, y = res
+    a_arrays, t_arrays, values, t_values, alt, b2, alpha, beta, y = res
     indptr, indices, long_rows, long_ptr = a_arrays
     acc = _acc_dtype(values.dtype)
     n = b2.shape[1]
@@ -960,16 +1111,19 @@ def _apply_bwd(st, res, g):
         t_indptr, t_indices, tv = _transpose_csr(mono, indices, values, st.m, st.k)
         plan_t, t_lr, t_lp = _make_plan(t_indptr, indices.shape[0], st.k, None, None, None)
         gb = _core(plan_t, st.implementation)(t_indptr, t_indices, tv, ga, ones, ones, empty, t_lr, t_lp)
-    # d values: on the leaf the product read — slabs.val when it ran on the slabs, else values.
-    g_slabs = jax.tree_util.tree_map(_zero_cotangent, slabs)
-    if _uses_slabs(st, slabs, b2):
+    # d values: on the leaf the product read: slabs.val or blocks.values when it ran on that form, else values.
+    g_alt = jax.tree_util.tree_map(_zero_cotangent, alt)
+    if _uses_alt(st, alt, b2):
         gv = jnp.zeros_like(values)
-        g_slabs = dataclasses.replace(g_slabs, val=_slab_sampled(slabs, st.slab, ga, b2))
+        if isinstance(alt, Slabs):
+            g_alt = dataclasses.replace(g_alt, val=_slab_sampled(alt, st.alt, ga, b2))
+        else:
+            g_alt = dataclasses.replace(g_alt, values=_blocks_sampled(alt, ga, b2))
     else:
         mono = _sanitize_indptr(indptr, indices.shape[0])
         gv = _sampled(mono, indices, ga, b2, st.k).astype(values.dtype)
     # d alpha = sum_rows g * (A b2) (recomputed; dead code under jit when alpha is a constant)
-    ab = _product(st, a_arrays, values, slabs, b2, ones, ones, empty)
+    ab = _product(st, a_arrays, values, alt, b2, ones, ones, empty)
     galpha = jnp.sum(g.astype(acc) * ab.astype(acc), axis=0)
     if y.size:
         gbeta = jnp.sum(g.astype(acc) * y.astype(acc), axis=0)
@@ -983,7 +1137,7 @@ def _apply_bwd(st, res, g):
         zero_like(t_arrays),
         gv,
         jnp.zeros_like(t_values),
-        g_slabs,
+        g_alt,
         gb.astype(b2.dtype),
         galpha,
         gbeta,
@@ -1054,6 +1208,8 @@ class CSRPair:
     implementation: str | None = None
     slabs: Slabs | None = None  # column slabs of A, for A x (not built today)
     slabs_t: Slabs | None = None  # column slabs of Aᵀ, for Aᵀ u (rmatvec, N = 1)
+    blocks: Blocks | None = None  # A in row blocks, for A x (N = 1; before slabs)
+    blocks_t: Blocks | None = None  # Aᵀ in row blocks, for Aᵀ u (N = 1; before slabs)
 
     @classmethod
     def from_matrix(
@@ -1065,18 +1221,24 @@ class CSRPair:
         split_chunk: int | None = None,
         implementation: str | None = None,
         slabs: bool | None = None,
+        blocks: bool | None = None,
     ) -> CSRPair:
         """Builds the pair. ``algorithm``/``transpose_algorithm`` override the profile's choice (testing);
         ``split_chunk`` sets the nnz per work unit of the split algorithm. ``slabs``: build the column-slab
         form of Aᵀ used by N = 1 ``rmatvec`` (True), never (False), or when :func:`slab_model` says it pays
-        for this shape (None; f32/f64 only)."""
+        for this shape (None; f32/f64 only). ``blocks``: build the row-block form of A and of Aᵀ where their rows
+        come in blocks sharing a column list (block_rows_host), used by N = 1 products instead of CSR and slabs:
+        wherever found (True), never (False), or for blocks of at least 3 rows (None, the measured rule; not for
+        Aᵀ when slabs=True asks for slabs). Both need concrete arrays (outside jit); a traced build has neither."""
         _checks.check_implementation(implementation)
         if isinstance(A, CSRPair):
-            if slabs is not None and slabs != (A.slabs_t is not None):
-                raise ValueError(
-                    f"slabs={slabs} for a CSRPair built {'with' if A.slabs_t is not None else 'without'} slabs: "
-                    "build the pair from the matrix (BCSR/BCOO/scipy) with the slabs option instead"
-                )
+            has_blocks = A.blocks if A.blocks is not None else A.blocks_t
+            for name, opt, have in (("slabs", slabs, A.slabs_t), ("blocks", blocks, has_blocks)):
+                if opt is not None and opt != (have is not None):
+                    raise ValueError(
+                        f"{name}={opt} for a CSRPair built {'with' if have is not None else 'without'} {name}: "
+                        f"build the pair from the matrix (BCSR/BCOO/scipy) with the {name} option instead"
+                    )
             return A
         indptr, indices, values, m, k, _ = _as_csr(A)
         nnz = int(indices.shape[0])
@@ -1094,6 +1256,7 @@ class CSRPair:
             indptr_t, nnz, k, prof_t, transpose_algorithm, split_chunk, m, itemsize,
             cusparse_ok=lambda: cusparse_applicable(indptr_t, indices_t, m, values.dtype),
         )  # fmt: skip
+        slabs_forced = slabs is True  # an explicit slabs=True keeps Aᵀu on slabs unless blocks=True too
         slab_ok = np.dtype(values.dtype) in _F32_F64
         if slabs and not slab_ok:
             raise ValueError(
@@ -1103,6 +1266,14 @@ class CSRPair:
             slabs = slab_ok and _slabs_fit_device() and slab_model(k, m, nnz, itemsize).use
         # (an empty A has nothing to gather: slabs=True builds none)
         slabs_t = _build_slabs(indptr, indices, values, m, k) if slabs and m > 0 and k > 0 else None
+        min_rows = 2 if blocks else _BLOCKS_MIN_ROWS
+
+        def blocks_of(ip, idx, vals):
+            r = block_rows_host(ip, idx) if blocks is not False and concrete and nnz > 0 else 1
+            return _build_blocks(ip, idx, vals, r) if r >= min_rows else None
+
+        blocks_a = blocks_of(indptr, indices, values)
+        blocks_t = blocks_of(indptr_t, indices_t, values_t) if blocks or not slabs_forced else None
         return cls(
             indptr,
             indices,
@@ -1122,6 +1293,8 @@ class CSRPair:
             implementation,
             None,
             slabs_t,
+            blocks_a,
+            blocks_t,
         )
 
     # -- properties
@@ -1154,6 +1327,8 @@ class CSRPair:
             self.implementation,
             self.slabs_t,
             self.slabs,
+            self.blocks_t,
+            self.blocks,
         )
 
     # -- products
@@ -1178,16 +1353,16 @@ class CSRPair:
         beta_a = _coef("beta", beta, n, acc, 1.0)
         a_arr = (self.indptr, self.indices, self.long_rows, self.long_ptr)
         t_arr = (self.indptr_t, self.indices_t, self.long_rows_t, self.long_ptr_t)
-        slabs = self.slabs_t if transpose else self.slabs
-        slab = slabs.plan if slabs is not None and n == 1 else None
-        if slab is None:
-            slabs = None
+        # the N = 1 form of this direction's matrix: blocks, else column slabs, else none (CSR)
+        forms = (self.blocks_t, self.slabs_t) if transpose else (self.blocks, self.slabs)
+        alt = next((f for f in forms if f is not None), None) if n == 1 else None
+        alt_plan = alt.plan if alt is not None else None
         if transpose:
-            st = _Static(m, k, self.plan_t, self.plan, self.implementation, slab)
-            out = _apply(st, t_arr, a_arr, self.values_t, self.values, slabs, b2, alpha_a, beta_a, y2)
+            st = _Static(m, k, self.plan_t, self.plan, self.implementation, alt_plan)
+            out = _apply(st, t_arr, a_arr, self.values_t, self.values, alt, b2, alpha_a, beta_a, y2)
         else:
-            st = _Static(m, k, self.plan, self.plan_t, self.implementation, slab)
-            out = _apply(st, a_arr, t_arr, self.values, self.values_t, slabs, b2, alpha_a, beta_a, y2)
+            st = _Static(m, k, self.plan, self.plan_t, self.implementation, alt_plan)
+            out = _apply(st, a_arr, t_arr, self.values, self.values_t, alt, b2, alpha_a, beta_a, y2)
         return out[:, 0] if vec else out
 
     def matvec(self, x, *, alpha=None, beta=None, y=None) -> jax.Array:
@@ -1245,6 +1420,8 @@ jax.tree_util.register_dataclass(
         "long_ptr_t",
         "slabs",
         "slabs_t",
+        "blocks",
+        "blocks_t",
     ],
     meta_fields=["shape", "plan", "plan_t", "profile", "profile_t", "implementation"],
 )
@@ -1266,6 +1443,7 @@ def _matmul_sparse_dense(A, B, *, algorithm, split_chunk, implementation, name):
                 split_chunk=split_chunk,
                 implementation=A.implementation,
                 slabs=A.slabs_t is not None,
+                blocks=None if A.blocks is not None or A.blocks_t is not None else False,
             )
         if implementation is not None:
             A = dataclasses.replace(A, implementation=implementation)

@@ -495,3 +495,74 @@ def test_small_segmented_auto(dtype):
             assert _rel(out, ref_a @ x64) < TOL[dtype]
             outs[dev.platform] = np.asarray(out)
         assert _rel(outs["gpu"], outs["cpu"]) < 2 * TOL[dtype]
+
+
+def _blocked_classes(r, seed=13):
+    """Row blocks of r rows sharing a column list, in contiguous classes of block-row length: 600 of ~300
+    positions (32 lanes), 800 of ~100 (8), 5000 of 0..11 (1; empty ones included), 300 of ~40 (4)."""
+    rng = np.random.default_rng(seed)
+    blen = np.concatenate(
+        [250 + rng.integers(0, 101, 600), 90 + rng.integers(0, 21, 800), rng.integers(0, 12, 5000)]
+        + [30 + rng.integers(0, 21, 300)]
+    )
+    k = 5000
+    cols = [np.sort(rng.choice(k, size=n, replace=False)) for n in blen]
+    rows = np.concatenate([np.full(c.size, b * r + i) for b, c in enumerate(cols) for i in range(r)])
+    cc = np.concatenate([c for c in cols for _ in range(r)])
+    return sp.csr_matrix((rng.standard_normal(rows.size), (rows, cc)), shape=(blen.size * r, k))
+
+
+@pytest.mark.parametrize("r", [2, 3, 4])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, jnp.bfloat16])
+def test_small_blocks_poisoned(dtype, r):
+    """The blocks form (blocks=True) on ragged block-row classes (several lane counts in one launch): GPU vs the
+    CPU twin and float64, then into the donated y (aliased: an unwritten row keeps y's value), bitwise
+    repeatable; the transposed product and vmap of one column on the same pair."""
+    with jax.enable_x64(dtype == np.float64):
+        a = _blocked_classes(r)
+        ref_a = _rounded(a, dtype)
+        m, k = a.shape
+        outs = {}
+        for dev in (_gpu(), _cpu()):
+            pair = sparse.csr_pair(_bcsr(a, dtype, dev), blocks=True)
+            assert pair.blocks is not None and pair.blocks.plan.rows == r
+            assert {int(g) for g in np.asarray(pair.blocks.seg_table)[2::3]} >= {1, 4, 8, 32}
+            x, x64 = _dense_in((k,), dtype, dev)
+            y, y64 = _dense_in((m,), dtype, dev, seed=3)
+            f = jax.jit(lambda p, x, y: p.matvec(x, alpha=0.75, beta=-0.5, y=y))
+            out = f(pair, x, y)
+            assert _rel(out, 0.75 * (ref_a @ x64) - 0.5 * y64) < TOL[dtype]
+            g = jax.jit(lambda p, x, y: p.matvec(x, beta=-0.5, y=y), donate_argnums=(2,))
+            y2, _ = _dense_in((m,), dtype, dev, seed=3)
+            assert _rel(g(pair, x, y2), ref_a @ x64 - 0.5 * y64) < TOL[dtype]
+            assert _rel(jax.vmap(pair.matvec)(x[None])[0], ref_a @ x64) < TOL[dtype]
+            outs[dev.platform] = np.asarray(out.astype(jnp.float32) if dtype != np.float64 else out)
+            if dev.platform == "gpu":
+                for _ in range(3):
+                    assert np.array_equal(np.asarray(f(pair, x, y)), np.asarray(out))
+        assert _rel(outs["gpu"], outs["cpu"]) < 2 * TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_blocks_bundle_auto(dtype):
+    """The auto rule on a bundle-adjustment Jacobian (200k observations): Aᵀ in blocks of 3 rows (cameras and
+    points), A on CSR; both products and their gradients vs float64 and the CPU twin."""
+    from jax_ops.bench.sparse import gen_bundle_adjustment
+
+    with jax.enable_x64(dtype == np.float64):
+        ip, ix, v, shape = gen_bundle_adjustment(200_000, 2_000, 60_000)
+        a = sp.csr_matrix((v, ix, ip), shape=shape)
+        ref_a = _rounded(a, dtype)
+        outs = {}
+        for dev in (_gpu(), _cpu()):
+            pair = sparse.csr_pair(_bcsr(a, dtype, dev))
+            assert pair.blocks is None and pair.blocks_t is not None and pair.blocks_t.plan.rows == 3
+            u, u64 = _dense_in((shape[0],), dtype, dev, seed=4)
+            x, x64 = _dense_in((shape[1],), dtype, dev, seed=5)
+            atu = jax.jit(lambda p, u: p.rmatvec(u))(pair, u)
+            assert _rel(atu, ref_a.T @ u64) < TOL[dtype]
+            gu = jax.jit(jax.grad(lambda u, p, x: jnp.sum(p.rmatvec(u) * x)))(u, pair, x)  # A x
+            assert _rel(gu, ref_a @ x64) < TOL[dtype]
+            outs[dev.platform] = (np.asarray(atu), np.asarray(gu))
+        for g_, c_ in zip(outs["gpu"], outs["cpu"]):
+            assert _rel(g_, c_) < 2 * TOL[dtype]

@@ -73,20 +73,28 @@ template <typename C>
 void Run(const SpmmArgs<typename C::T, typename C::Acc>& a) {
   using Acc = typename C::Acc;
   std::vector<Acc> acc(static_cast<size_t>(a.n));
-  if (a.algorithm == kSegmented && a.n == 1) {
+  if ((a.algorithm == kSegmented || a.algorithm == kBlocks) && a.n == 1) {
     // The rows the CUDA grid writes: segment s runs when its CTA range [ptr[s], min(ptr[s+1], chunk)) is
-    // non-empty (the kernel's lookup on a non-decreasing prefix); its rows [begin, end) clamped to [0, M).
+    // non-empty (the kernel's lookup on a non-decreasing prefix); its rows [begin, end) clamped to [0, M) (block
+    // rows clamped to [0, M / R) for blocks, each writing its R rows).
+    const int64_t rows = a.m / a.r;
+    std::vector<Acc> racc(static_cast<size_t>(a.r));
     for (int64_t sg = 0; sg < a.num_long; ++sg) {
       const int64_t c0 = a.long_ptr[sg], c1 = std::min<int64_t>(a.long_ptr[sg + 1], a.chunk);
       if (c0 < 0 || c1 <= c0) continue;
-      const int64_t r0 = std::clamp<int64_t>(a.long_rows[3 * sg], 0, a.m);
-      const int64_t r1 = std::clamp<int64_t>(a.long_rows[3 * sg + 1], r0, a.m);
+      const int64_t r0 = std::clamp<int64_t>(a.long_rows[3 * sg], 0, rows);
+      const int64_t r1 = std::clamp<int64_t>(a.long_rows[3 * sg + 1], r0, rows);
       for (int64_t r = r0; r < r1; ++r) {
         int64_t s, e;
         RowRange<C>(a, r, &s, &e);
-        acc[0] = Acc(0);
-        Accumulate<C>(a, s, e, acc.data());
-        Epilogue<C>(a, r, acc.data());
+        std::fill(racc.begin(), racc.end(), Acc(0));
+        for (int64_t p = s; p < e; ++p) {  // segmented: R = 1
+          const int64_t c = a.indices[p];
+          if (c < 0 || c >= a.k) continue;
+          const Acc x = C::Load(a.b[c]);
+          for (int64_t i = 0; i < a.r; ++i) racc[i] += C::Load(a.values[p * a.r + i]) * x;
+        }
+        for (int64_t i = 0; i < a.r; ++i) Epilogue<C>(a, r * a.r + i, &racc[i]);
       }
     }
     return;

@@ -7,6 +7,8 @@
 //   SpmvGroupKernel<G>  the previous N == 1 kernel (one row per group, 2 in flight); kept as the baseline of
 //                       ffi_cuda/tools/spmv_bench.cu, not launched by LaunchCsrSpmm.
 //   SpmvCtaKernel       N == 1: one 256-thread CTA per row, warp shuffles + fixed-order smem reduction.
+//   SpmvBlocksKernel<R>  N == 1, blocks plan (R rows share a column list): the segmented lookup over block rows,
+//                       the row-block mapping per block row, one b[col] gather per position for R rows.
 //   SpmmSlotsKernel<G,VEC,S>  N > 1 with 16-byte rows (N a multiple of 16/sizeof(T), aligned): G * S lanes own
 //                       (row, column tile of G*VEC columns), G column lanes with VEC register accumulators each
 //                       by S slots that split the row's entries (4 gathers in flight per lane); S by row length.
@@ -104,20 +106,21 @@ __device__ __forceinline__ int64_t LastAtMost(const int32_t* ptr, int64_t n, int
 }
 
 // This CTA's segment in the segmented plan's table (contract in spmm_params.h): the entry, its rows [r0, r1)
-// clamped to [0, M), and its CTAs [c0, c1) (blockIdx.x among them). False: no segment owns this CTA.
+// clamped to [0, rows) (M, or the block rows of the blocks plan), and its CTAs [c0, c1) (blockIdx.x among them).
+// False: no segment owns this CTA.
 struct SegmentCta {
   int64_t entry, r0, r1, c0, c1;
 };
 template <typename T, typename Acc>
-__device__ __forceinline__ bool FindSegment(const SpmmArgs<T, Acc>& a, SegmentCta* sc) {
+__device__ __forceinline__ bool FindSegment(const SpmmArgs<T, Acc>& a, int64_t rows, SegmentCta* sc) {
   const int64_t b = blockIdx.x;
   const int64_t lo = LastAtMost(a.long_ptr, a.num_long, b);
   const int64_t c0 = __ldg(a.long_ptr + lo);
   const int64_t c1 = min(static_cast<int64_t>(__ldg(a.long_ptr + lo + 1)), static_cast<int64_t>(gridDim.x));
   if (b < c0 || b >= c1) return false;
   sc->entry = lo;
-  sc->r0 = min(max(static_cast<int64_t>(__ldg(a.long_rows + 3 * lo)), int64_t{0}), a.m);
-  sc->r1 = min(max(static_cast<int64_t>(__ldg(a.long_rows + 3 * lo + 1)), sc->r0), a.m);
+  sc->r0 = min(max(static_cast<int64_t>(__ldg(a.long_rows + 3 * lo)), int64_t{0}), rows);
+  sc->r1 = min(max(static_cast<int64_t>(__ldg(a.long_rows + 3 * lo + 1)), sc->r0), rows);
   sc->c0 = c0;
   sc->c1 = c1;
   return true;
@@ -613,7 +616,7 @@ __host__ __device__ inline int SlotsFor(double avg, int g) {
 template <typename T, typename Acc, int G, int VEC>
 __global__ void __launch_bounds__(kThreads, (SlotsMinBlocks<T, G>())) SpmmSegmentedSlotsKernel(SpmmArgs<T, Acc> a) {
   SegmentCta g;
-  if (!FindSegment(a, &g)) return;
+  if (!FindSegment(a, a.m, &g)) return;
   const int64_t p0 = min(max(static_cast<int64_t>(__ldg(a.indptr + g.r0)), int64_t{0}), a.nnz);
   const int64_t p1 = min(max(static_cast<int64_t>(__ldg(a.indptr + g.r1)), p0), a.nnz);
   const int s = SlotsFor(g.r1 > g.r0 ? static_cast<double>(p1 - p0) / static_cast<double>(g.r1 - g.r0) : 0.0, G);
@@ -673,7 +676,7 @@ constexpr int kSegmentedMinBlocks = 4;
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(kThreads, kSegmentedMinBlocks) SpmvSegmentedKernel(SpmmArgs<T, Acc> a) {
   SegmentCta g;
-  if (!FindSegment(a, &g)) return;
+  if (!FindSegment(a, a.m, &g)) return;
   const int64_t warp = (blockIdx.x - g.c0) * (kThreads / 32) + (threadIdx.x >> 5);
   const int64_t nwarps = (g.c1 - g.c0) * (kThreads / 32);
   switch (SegmentGroup(__ldg(a.long_rows + 3 * g.entry + 2))) {
@@ -689,6 +692,145 @@ __global__ void __launch_bounds__(kThreads, kSegmentedMinBlocks) SpmvSegmentedKe
       return SegmentRows<T, Acc, 16>(a, g.r0, g.r1, warp, nwarps);
     default:
       return SegmentRows<T, Acc, 32>(a, g.r0, g.r1, warp, nwarps);
+  }
+}
+
+// The R values of one block-row position (values + p * R) into accumulators: one vector load when R is 2 or 4 and
+// `vec` (the caller checked the alignment), else R scalar loads of one sector.
+template <int R, typename T, typename Acc>
+__device__ __forceinline__ void LoadBlockValues(const T* q, bool vec, Acc (&v)[R]) {
+  constexpr int kBytes = R * static_cast<int>(sizeof(T));
+  if constexpr ((R == 2 || R == 4) && (kBytes == 4 || kBytes == 8 || kBytes == 16)) {
+    if (vec) {
+      using V = std::conditional_t<kBytes == 4, unsigned, std::conditional_t<kBytes == 8, uint2, uint4>>;
+      const V raw = __ldg(reinterpret_cast<const V*>(q));
+      const T* t = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < R; ++i) v[i] = ToAcc(t[i]);
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) v[i] = ToAcc(Ld(q + i));
+}
+
+// Blocks plan (N == 1; contract in spmm_params.h): block rows [b0, b1) of R rows that share a column list, in
+// the row-block mapping of SpmvRowsBody over block rows (L lanes per block row, U block rows per lane, S steps of
+// loads in flight; the next step's ranges are loaded while the current one runs). Per position a lane loads the
+// column once, the R adjacent values and b[col] once, and updates R accumulators; the group's R sums meet in the
+// fixed xor tree. Whole warps call it.
+template <typename T, typename Acc, int R, int L, int U, int S>
+__device__ __forceinline__ void BlocksBody(const SpmmArgs<T, Acc>& a, int64_t b0, int64_t b1, int64_t warp,
+                                           int64_t nwarps) {
+  constexpr int kGroups = 32 / L;
+  constexpr int kRows = U * kGroups;  // block rows per warp step
+  const int lane = threadIdx.x & 31;
+  const int grp = lane / L, lg = lane & (L - 1);
+  const int64_t steps = (b1 - b0 + kRows - 1) / kRows;
+  const uint32_t k = static_cast<uint32_t>(a.k);
+  const unsigned mask = GroupMask<L>();
+  const bool vec = reinterpret_cast<uintptr_t>(a.values) % (R * sizeof(T)) == 0;
+  int32_t ns[U], ne[U];  // the next step's clamped ranges (positions < 2^31)
+  auto load_ranges = [&](int64_t blk) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t br = b0 + blk * kRows + u * kGroups + grp;
+      int64_t rs = 0, re = 0;
+      if (br < b1) RowRange(a, br, &rs, &re);
+      ns[u] = static_cast<int32_t>(rs), ne[u] = static_cast<int32_t>(re);
+    }
+  };
+  if (warp < steps) load_ranges(warp);
+  for (int64_t blk = warp; blk < steps; blk += nwarps) {
+    const int64_t base = b0 + blk * kRows;
+    int32_t s[U], e[U], len_max = 0;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      s[u] = ns[u], e[u] = ne[u];
+      len_max = max(len_max, e[u] - s[u]);
+    }
+    if (blk + nwarps < steps) load_ranges(blk + nwarps);
+    Acc acc[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int i = 0; i < R; ++i) acc[u][i] = Acc(0);
+    for (int64_t off = lg; off < len_max; off += S * L) {
+      int c[U][S];
+      Acc v[U][S][R];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int h = 0; h < S; ++h) {
+          const int64_t o = off + h * L;
+          const bool in = o < e[u] - s[u];
+          const int64_t p = s[u] + o;
+          c[u][h] = in ? __ldcs(a.indices + p) : -1;
+          if (in) {
+            LoadBlockValues<R>(a.values + p * R, vec, v[u][h]);
+          } else {
+#pragma unroll
+            for (int i = 0; i < R; ++i) v[u][h][i] = Acc(0);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int h = 0; h < S; ++h) {
+          if (static_cast<uint32_t>(c[u][h]) < k) {
+            const Acc xv = ToAcc(Ld(a.b + c[u][h]));
+#pragma unroll
+            for (int i = 0; i < R; ++i) acc[u][i] += v[u][h][i] * xv;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t br = base + u * kGroups + grp;
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const Acc total = GroupSum<L>(acc[u][i], mask);
+        if (lg == (u * R + i) % L && br < b1) StoreOut(a, br * R + i, 0, total);
+      }
+    }
+  }
+}
+
+// Block rows per lane of BlocksBody: as RowsConfig (so SegmentRowsPerCta counts its CTAs). Steps: 4, or 2 where
+// the in-flight values would pass 48 bytes per lane (R = 4, or f64 with R = 3: ptxas spilled at the 64-register
+// bound).
+template <typename T, typename Acc, int R, int L>
+__device__ __forceinline__ void SegmentBlocks(const SpmmArgs<T, Acc>& a, int64_t b0, int64_t b1, int64_t warp,
+                                              int64_t nwarps) {
+  constexpr int kU = RowsConfig<L>::kU;
+  constexpr int kS = R * sizeof(Acc) * 4 <= 48 ? 4 : 2;
+  static_assert(SegmentRowsPerCta(L) == (kThreads / 32) * kU * (32 / L), "SegmentRowsPerCta != BlocksBody");
+  BlocksBody<T, Acc, R, L, kU, kS>(a, b0, b1, warp, nwarps);
+}
+
+// Blocks plan kernel for block height R: CTA b runs its segment of block rows (the segmented plan's lookup,
+// clamped to the m / R block rows) with that segment's lanes per block row.
+template <typename T, typename Acc, int R>
+__global__ void __launch_bounds__(kThreads, kSegmentedMinBlocks) SpmvBlocksKernel(SpmmArgs<T, Acc> a) {
+  SegmentCta g;
+  if (!FindSegment(a, a.m / R, &g)) return;
+  const int64_t warp = (blockIdx.x - g.c0) * (kThreads / 32) + (threadIdx.x >> 5);
+  const int64_t nwarps = (g.c1 - g.c0) * (kThreads / 32);
+  switch (SegmentGroup(__ldg(a.long_rows + 3 * g.entry + 2))) {
+    case 1:
+      return SegmentBlocks<T, Acc, R, 1>(a, g.r0, g.r1, warp, nwarps);
+    case 2:
+      return SegmentBlocks<T, Acc, R, 2>(a, g.r0, g.r1, warp, nwarps);
+    case 4:
+      return SegmentBlocks<T, Acc, R, 4>(a, g.r0, g.r1, warp, nwarps);
+    case 8:
+      return SegmentBlocks<T, Acc, R, 8>(a, g.r0, g.r1, warp, nwarps);
+    case 16:
+      return SegmentBlocks<T, Acc, R, 16>(a, g.r0, g.r1, warp, nwarps);
+    default:
+      return SegmentBlocks<T, Acc, R, 32>(a, g.r0, g.r1, warp, nwarps);
   }
 }
 
@@ -759,6 +901,18 @@ cudaError_t LaunchCsrSpmm(cudaStream_t stream, const SpmmArgs<T, Acc>& a, bool v
   cudaError_t err = cudaSuccess;
   if (a.n == 1) {
     if (a.algorithm == kSegmented) return LaunchOnSegments<T, Acc>(&SpmvSegmentedKernel<T, Acc>, stream, a);
+    if (a.algorithm == kBlocks) {
+      switch (a.r) {
+        case 2:
+          return LaunchOnSegments<T, Acc>(&SpmvBlocksKernel<T, Acc, 2>, stream, a);
+        case 3:
+          return LaunchOnSegments<T, Acc>(&SpmvBlocksKernel<T, Acc, 3>, stream, a);
+        case 4:
+          return LaunchOnSegments<T, Acc>(&SpmvBlocksKernel<T, Acc, 4>, stream, a);
+        default:
+          return cudaErrorInvalidValue;
+      }
+    }
     if (a.algorithm == kStream) {
       const int64_t blocks = (a.m + a.chunk - 1) / a.chunk;
       if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;

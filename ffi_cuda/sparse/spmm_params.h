@@ -6,9 +6,9 @@
 //   args:  indptr s32[M+1], indices s32[nnz], values T[nnz], b T[K, N], alpha Acc[N], beta Acc[N],
 //          y T[M, N] or T[0] (no y: beta ignored), long_rows s32[L], long_ptr s32[L+1]
 //   rets:  out T[M, N], workspace Acc[W]
-//   attrs: algorithm (s32: 0 vector, 1 cta, 2 split, 3 stream, 4 segmented, 5 cusparse), group (s32: lanes
-//          per row, 1..32, power of 2), chunk (s64: nnz per work unit of a long row in split; rows per CTA for
-//          stream; total CTAs of the segment table for segmented)
+//   attrs: algorithm (s32: 0 vector, 1 cta, 2 split, 3 stream, 4 segmented, 5 cusparse, 6 blocks), group
+//          (s32: lanes per row, 1..32, power of 2), chunk (s64: nnz per work unit of a long row in split; rows
+//          per CTA for stream; total CTAs of the segment table for segmented and blocks)
 // T is f16, bf16, f32 or f64; Acc is f32 for the first three and f64 for f64.
 //
 // Row ranges are clamped: row r covers [s, e) with s = clamp(indptr[r], 0, nnz), e = clamp(indptr[r+1], s, nnz),
@@ -33,6 +33,15 @@
 // segment, S from the segment's average row) and likewise writes only the table's rows; other N > 1 (the group
 // kernel) and the CPU twin's N > 1 write every row. Python's table always covers [0, M), where they agree.
 //
+// Blocks (N == 1): the rows come in blocks of R consecutive rows (2 <= R <= kMaxBlockRows) that share one column
+// list, stored once per block ("R x 1 BSR"): indptr s32[M/R + 1] over block rows, indices s32[P] (the blocks'
+// column lists: P positions), values T[R * P] with values[R p + i] the entry of row R b + i at position p of block
+// row b. R is not an attribute: it is M / (len(indptr) - 1) (M = 0 with no block row), and len(values) must be
+// R * P. Each position's b[col] is gathered once for its R rows. Block-row ranges are clamped like rows (to
+// [0, P]); the segment table is the segmented plan's over block rows (long_rows = (block row begin, end, lanes
+// per block row), long_ptr = CTA prefix, chunk = CTAs), and a segment's block rows write their R rows each. The
+// CPU twin writes the same rows.
+//
 // cuSPARSE (N == 1, f32/f64 only): cusparseSpMV with CSR_ALG2, cuSPARSE's deterministic CSR algorithm (bitwise
 // repeatable; its default algorithm is not, on power-law rows). cuSPARSE takes the buffers as a standard CSR of
 // nnz entries, so Python picks this plan only for a CSR it checked on concrete arrays (a CSRPair build): indptr
@@ -49,7 +58,10 @@
 
 namespace jax_ops::sparse {
 
-enum Algorithm : int32_t { kVector = 0, kCta = 1, kSplit = 2, kStream = 3, kSegmented = 4, kCusparse = 5 };
+enum Algorithm : int32_t { kVector = 0, kCta = 1, kSplit = 2, kStream = 3, kSegmented = 4, kCusparse = 5, kBlocks = 6 };
+
+// Largest block height R of the blocks plan (jax_ops.sparse.MAX_BLOCK_ROWS must match).
+constexpr int64_t kMaxBlockRows = 4;
 
 // Bytes at the start of a cusparse-plan workspace that hold the zero beta (cuSPARSE's buffer starts after them,
 // aligned). jax_ops.sparse._CUSPARSE_ZERO_BYTES must match.
@@ -75,9 +87,10 @@ constexpr int64_t kStreamCap = 4096;
 constexpr int64_t kMaxDim = (int64_t{1} << 31) - 1;
 
 struct SpmmShape {
-  int64_t m = 0, k = 0, n = 0, nnz = 0;
-  int64_t num_long = 0;  // L
-  int64_t units = 0;     // work units the workspace holds (split only)
+  int64_t m = 0, k = 0, n = 0, nnz = 0;  // blocks: nnz = positions P
+  int64_t r = 1;                         // rows per block row (blocks), else 1
+  int64_t num_long = 0;                  // L
+  int64_t units = 0;                     // work units the workspace holds (split only)
   int32_t algorithm = kVector;
   int32_t group = 32;
   int64_t chunk = 0;
@@ -101,6 +114,7 @@ struct SpmmArgs {
   const int32_t* long_rows = nullptr;
   const int32_t* long_ptr = nullptr;
   int64_t m = 0, k = 0, n = 0, nnz = 0, num_long = 0, units = 0, chunk = 0;
+  int64_t r = 1;  // rows per block row (blocks): indptr has m / r + 1 entries, values r * nnz
   int32_t algorithm = kVector, group = 32;
 };
 
@@ -135,19 +149,31 @@ inline ffi::ErrorOr<SpmmShape> CheckSpmmArgs(const ffi::AnyBuffer& indptr, const
                 ShapeString(out.dimensions()));
   if (b.element_type() != s.dtype || out.element_type() != s.dtype || y.element_type() != s.dtype)
     return fail("b, y and out must have the values' dtype " + std::string(DTypeName(s.dtype)));
-  s.nnz = values.dimensions()[0];
+  s.nnz = indices.dimensions()[0];
   s.k = b.dimensions()[0];
   s.n = b.dimensions()[1];
   s.m = out.dimensions()[0];
   if (out.dimensions()[1] != s.n)
     return fail("out has shape " + ShapeString(out.dimensions()) + " but b has " + ShapeString(b.dimensions()));
-  if (indices.dimensions()[0] != s.nnz)
-    return fail("indices has " + std::to_string(indices.dimensions()[0]) + " entries but values has " +
-                std::to_string(s.nnz));
-  if (indptr.dimensions()[0] != s.m + 1)
+  const int64_t ptr_rows = indptr.dimensions()[0] - 1;
+  if (algorithm == kBlocks) {
+    if (s.n != 1) return fail("the blocks plan needs N = 1, got N = " + std::to_string(s.n));
+    if (ptr_rows < 0 || (ptr_rows == 0 && s.m != 0)) return fail("blocks needs indptr[M/R + 1] with M/R >= 1");
+    s.r = ptr_rows > 0 ? s.m / ptr_rows : 2;
+    if (s.r < 2 || s.r > kMaxBlockRows || s.r * ptr_rows != s.m)
+      return fail("blocks: out has " + std::to_string(s.m) + " rows and indptr " + std::to_string(ptr_rows) +
+                  " block rows; the block height M / block rows must be an integer in [2, " +
+                  std::to_string(kMaxBlockRows) + "]");
+  } else if (ptr_rows != s.m) {
     return fail("indptr has " + std::to_string(indptr.dimensions()[0]) +
                 " entries; expected M+1 = " + std::to_string(s.m + 1));
-  if (s.m > kMaxDim || s.k > kMaxDim || s.n > kMaxDim || s.nnz > kMaxDim) return fail("M, K, N and nnz must be < 2^31");
+  }
+  if (values.dimensions()[0] != s.r * s.nnz)
+    return fail("values has " + std::to_string(values.dimensions()[0]) + " entries; expected " +
+                (s.r > 1 ? std::to_string(s.r) + " * " : std::string()) +
+                "len(indices) = " + std::to_string(s.r * s.nnz));
+  if (s.m > kMaxDim || s.k > kMaxDim || s.n > kMaxDim || s.r * s.nnz > kMaxDim)
+    return fail("M, K, N and the number of values must be < 2^31");
   for (const ffi::AnyBuffer* c : {&alpha, &beta}) {
     if (c->element_type() != acc || c->dimensions().size() != 1 || c->dimensions()[0] != s.n)
       return fail("alpha and beta must be " + std::string(DTypeName(acc)) + "[N] with N = " + std::to_string(s.n));
@@ -160,15 +186,15 @@ inline ffi::ErrorOr<SpmmShape> CheckSpmmArgs(const ffi::AnyBuffer& indptr, const
   }
   if (ws.element_type() != acc || ws.dimensions().size() != 1) return fail("workspace must be a rank-1 Acc array");
   s.num_long = long_rows.dimensions()[0];
-  if (algorithm == kSegmented) {
+  if (algorithm == kSegmented || algorithm == kBlocks) {
     s.num_long = long_ptr.dimensions()[0] - 1;  // segments
     if (s.num_long < 1 || long_rows.dimensions()[0] != 3 * s.num_long)
-      return fail("segmented needs a segment table long_rows[3 S] and long_ptr[S + 1] with S >= 1");
-    if (chunk < 1 || chunk > kMaxDim) return fail("segmented needs chunk (CTAs) in [1, 2^31)");
+      return fail("segmented and blocks need a segment table long_rows[3 S] and long_ptr[S + 1] with S >= 1");
+    if (chunk < 1 || chunk > kMaxDim) return fail("segmented and blocks need chunk (CTAs) in [1, 2^31)");
   } else if (long_ptr.dimensions()[0] != s.num_long + 1) {
     return fail("long_ptr must have len(long_rows) + 1 entries");
   }
-  if (algorithm < kVector || algorithm > kCusparse) return fail("unknown algorithm " + std::to_string(algorithm));
+  if (algorithm < kVector || algorithm > kBlocks) return fail("unknown algorithm " + std::to_string(algorithm));
   if (algorithm == kCusparse) {
     if (s.n > 1 || (s.dtype != ffi::DataType::F32 && s.dtype != ffi::DataType::F64))
       return fail("the cusparse plan needs N <= 1 and f32 or f64 values, got N = " + std::to_string(s.n) + " and " +
@@ -208,7 +234,7 @@ SpmmArgs<T, Acc> MakeSpmmArgs(const SpmmShape& s, const ffi::AnyBuffer& indptr, 
   a.ws = static_cast<Acc*>(ws.untyped_data());
   a.long_rows = static_cast<const int32_t*>(long_rows.untyped_data());
   a.long_ptr = static_cast<const int32_t*>(long_ptr.untyped_data());
-  a.m = s.m, a.k = s.k, a.n = s.n, a.nnz = s.nnz;
+  a.m = s.m, a.k = s.k, a.n = s.n, a.nnz = s.nnz, a.r = s.r;
   a.num_long = s.num_long, a.units = s.units, a.chunk = s.chunk;
   a.algorithm = s.algorithm, a.group = s.group;
   return a;

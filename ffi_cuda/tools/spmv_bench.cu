@@ -8,7 +8,9 @@
 //     -I ffi_cuda -isystem $(python3 -c "import jax.ffi as f; print(f.include_dir())") -isystem $CU/include \
 //     ffi_cuda/tools/spmv_bench.cu -o spmv_bench -L $CU/lib -l:libcusparse.so.12
 // or build and run it on the GPU machine itself: ffi_cuda/tools/run_spmv_experiments.sh.
-// Usage: spmv_bench [--small] [--quick] [--slab] [--lsmr-pass] [--tails] [--lsmr-block] [--csv FILE]
+// Usage: spmv_bench [--small] [--quick] [--slab] [--lsmr-pass] [--tails] [--blocks] [--lsmr-block] [--csv FILE]
+//   --blocks: the blocks plan (rows sharing a column list) on the bundle-adjustment matrices, vs cuSPARSE and the
+//            dispatched CSR plan; --blocks-small: its ragged checks only (also part of --small).
 //   --tails: issue 3's slow cases (power-law Ax/ATu, bundle-adj 1M and LSMR's ba-like Ax/ATu, uniform ATu):
 //            cuSPARSE, the dispatched plan, vector G/2 and 2G, split at chunk 128/256/512, the segmented plan
 //            (rows per chunk 1024/4096/16384, G x0.5/x2, one launch per segment), a summary table last. (The
@@ -1567,6 +1569,158 @@ static int RunTails(int sms) {
   return 0;
 }
 
+// --blocks: the blocks plan (R rows sharing a column list, stored once per block) on the bundle-adjustment
+// matrices, whose A has 2 rows per observation with one column list and whose Aᵀ has 9 camera / 3 point rows
+// with one list each (R = 3 divides both). cuSPARSE and the dispatched CSR plan first, then the blocks plan with
+// the segment rule's lanes per block row and x0.5 / x2 of them.
+static bool BlockCsr(const Csr& a, int r, Csr* blocks) {
+  if (a.m % r != 0) return false;
+  const int64_t mb = a.m / r;
+  blocks->name = a.name, blocks->m = mb, blocks->k = a.k;
+  blocks->indptr.assign(mb + 1, 0);
+  blocks->indices.clear(), blocks->values.clear();
+  for (int64_t b = 0; b < mb; ++b) {
+    const int32_t s0 = a.indptr[b * r], len = a.indptr[b * r + 1] - s0;
+    for (int i = 1; i < r; ++i) {
+      const int32_t si = a.indptr[b * r + i];
+      if (a.indptr[b * r + i + 1] - si != len || !std::equal(&a.indices[s0], &a.indices[s0] + len, &a.indices[si]))
+        return false;
+    }
+    for (int32_t p = 0; p < len; ++p) {
+      blocks->indices.push_back(a.indices[s0 + p]);
+      for (int i = 0; i < r; ++i) blocks->values.push_back(a.values[a.indptr[b * r + i] + p]);
+    }
+    blocks->indptr[b + 1] = static_cast<int32_t>(blocks->indices.size());
+  }
+  return true;
+}
+
+static void BlocksCase(const Csr& mat, const char* op, int r, cusparseHandle_t handle, int sms) {
+  Csr blk;
+  if (!BlockCsr(mat, r, &blk)) {
+    std::printf("\n== %s %s: rows do not come in blocks of %d with one column list\n", mat.name.c_str(), op, r);
+    return;
+  }
+  Case c;
+  const Baseline base = StartCase(c, mat, op, handle, sms);
+  TailRow row;
+  row.name = mat.name, row.op = op, row.cusp = base.cu.us;
+  row.cur_plan = row.best_plan = base.cur.plan, row.cur = row.best = base.cur.ok ? base.cur.us : 0;
+  int32_t *bptr, *bcol, *table_d, *ptr_d;
+  float* bval;
+  CHECK(cudaMalloc(&bptr, blk.indptr.size() * 4));
+  CHECK(cudaMalloc(&bcol, std::max<size_t>(1, blk.indices.size()) * 4));
+  CHECK(cudaMalloc(&bval, std::max<size_t>(1, blk.values.size()) * 4));
+  CHECK(cudaMemcpy(bptr, blk.indptr.data(), blk.indptr.size() * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(bcol, blk.indices.data(), blk.indices.size() * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(bval, blk.values.data(), blk.values.size() * 4, cudaMemcpyHostToDevice));
+  for (double gmul : {1.0, 0.5, 2.0}) {
+    std::vector<int32_t> table, ptr;
+    const int64_t ctas = Segments(blk, 4096, gmul, &table, &ptr);
+    CHECK(cudaMalloc(&table_d, table.size() * 4));
+    CHECK(cudaMalloc(&ptr_d, ptr.size() * 4));
+    CHECK(cudaMemcpy(table_d, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(ptr_d, ptr.data(), ptr.size() * 4, cudaMemcpyHostToDevice));
+    SpmmArgs<float, float> a = BaseArgs(c);
+    a.indptr = bptr, a.indices = bcol, a.values = bval, a.nnz = blk.nnz(), a.r = r;
+    a.algorithm = kBlocks, a.long_rows = table_d, a.long_ptr = ptr_d, a.num_long = int64_t(ptr.size()) - 1,
+    a.chunk = ctas;
+    std::string lanes;
+    for (size_t sg = 0; sg + 2 < table.size(); sg += 3) lanes += (sg ? "/" : "") + std::to_string(table[sg + 2]);
+    const Result res = Measure(c, "blocks R=" + std::to_string(r) + " L=" + lanes,
+                               [&] { CHECK((LaunchCsrSpmm<float, float>(nullptr, a, false, sms))); });
+    Print(c, op, res, base.cu.us);
+    const int diffs = RepeatDiffs(c, [&] { CHECK((LaunchCsrSpmm<float, float>(nullptr, a, false, sms))); }, 5);
+    if (diffs) std::printf("  blocks: %d of 4 repeats differ bitwise\n", diffs);
+    row.all.push_back({res.plan, res.ok ? res.us : -1});
+    if (res.ok && res.us < row.best) row.best = res.us, row.best_plan = res.plan;
+    cudaFree(table_d), cudaFree(ptr_d);
+  }
+  g_tails.push_back(row);
+  cudaFree(bptr), cudaFree(bcol), cudaFree(bval);
+  FreeCase(c);
+}
+
+// --blocks-small: the blocks kernels on ragged block rows (empty, short, ~300 and one 5000-position block row,
+// 64-block-row segments so one launch mixes lane counts, columns outside [0, K) in the lists), R = 2, 3, 4, f32,
+// each checked against float64 with the output poisoned; small enough for compute-sanitizer.
+static int BlocksSmallChecks(int sms) {
+  int fails = 0;
+  for (int r = 2; r <= 4; ++r) {
+    Rng rng(40 + r);
+    const int64_t mb = 900, k = 7000;
+    Csr a;
+    a.name = "ragged blocks R=" + std::to_string(r);
+    a.m = mb * r, a.k = k;
+    a.indptr.assign(1, 0);
+    for (int64_t b = 0; b < mb; ++b) {
+      const int64_t len = b == 17 ? 5000 : b % 9 == 0 ? 0 : b < 300 ? 250 + rng.below(100) : rng.below(12);
+      std::vector<int32_t> cols(len);
+      for (auto& c : cols) c = rng.below(k);
+      if (len > 3) cols[1] = -3, cols[2] = static_cast<int32_t>(k + 7);
+      for (int i = 0; i < r; ++i) {
+        a.indices.insert(a.indices.end(), cols.begin(), cols.end());
+        a.indptr.push_back(static_cast<int32_t>(a.indices.size()));
+      }
+    }
+    FillValues(a, rng);
+    Csr blk;
+    if (!BlockCsr(a, r, &blk)) {
+      std::printf("blocks small R=%d: not blocked  FAIL\n", r);
+      ++fails;
+      continue;
+    }
+    Case c;
+    SetupCase(c, a, sms);
+    std::vector<int32_t> table, ptr;
+    const int64_t ctas = Segments(blk, 64, 1.0, &table, &ptr);
+    int32_t *bptr, *bcol, *table_d, *ptr_d;
+    float* bval;
+    CHECK(cudaMalloc(&bptr, blk.indptr.size() * 4));
+    CHECK(cudaMalloc(&bcol, blk.indices.size() * 4));
+    CHECK(cudaMalloc(&bval, blk.values.size() * 4));
+    CHECK(cudaMalloc(&table_d, table.size() * 4));
+    CHECK(cudaMalloc(&ptr_d, ptr.size() * 4));
+    CHECK(cudaMemcpy(bptr, blk.indptr.data(), blk.indptr.size() * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(bcol, blk.indices.data(), blk.indices.size() * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(bval, blk.values.data(), blk.values.size() * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(table_d, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(ptr_d, ptr.data(), ptr.size() * 4, cudaMemcpyHostToDevice));
+    SpmmArgs<float, float> args = BaseArgs(c);
+    args.indptr = bptr, args.indices = bcol, args.values = bval, args.nnz = blk.nnz(), args.r = r;
+    args.algorithm = kBlocks, args.long_rows = table_d, args.long_ptr = ptr_d;
+    args.num_long = static_cast<int64_t>(ptr.size()) - 1, args.chunk = ctas;
+    double err = 0;
+    const bool ok = Verify(c, [&] { CHECK((LaunchCsrSpmm<float, float>(nullptr, args, false, sms))); }, &err);
+    std::string lanes;
+    for (size_t sg = 0; sg + 2 < table.size(); sg += 3) lanes += " " + std::to_string(table[sg + 2]);
+    std::printf("blocks small R=%d (%lld segments, lanes%s): err %.1e%s\n", r, (long long)(ptr.size() - 1),
+                lanes.c_str(), err, ok ? "" : "  FAIL");
+    fails += !ok;
+    cudaFree(bptr), cudaFree(bcol), cudaFree(bval), cudaFree(table_d), cudaFree(ptr_d);
+    FreeCase(c);
+  }
+  std::printf("blocks small checks: %d failures\n", fails);
+  return fails;
+}
+
+static int RunBlocks(int sms) {
+  cusparseHandle_t handle;
+  CHECK_SP(cusparseCreate(&handle));
+  for (const Csr& a :
+       {BundleAdjustment(1000000, 20000, 250000), BundleAdjustment(500000, 2000, 200000, "bundle-adj lsmr ba-like")}) {
+    BlocksCase(a, "Ax", 2, handle, sms);
+    BlocksCase(Transpose(a), "ATu", 3, handle, sms);
+  }
+  cusparseDestroy(handle);
+  std::printf("\n--blocks summary (us; x = cuSPARSE default / ours)\n");
+  for (auto& t : g_tails)
+    std::printf("%-24s %-4s cuSP %8.1f  csr plan %8.1f (%5.2f)  best %8.1f (%5.2f)  %s | %s\n", t.name.c_str(),
+                t.op.c_str(), t.cusp, t.cur, t.cusp / t.cur, t.best, t.cusp / t.best, t.best_plan.c_str(),
+                t.cur_plan.c_str());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)  // --lsmr-block [--csv FILE]: its own run (tools/lsmr_block.cuh)
     if (!std::strcmp(argv[i], "--lsmr-block")) {
@@ -1577,9 +1731,12 @@ int main(int argc, char** argv) {
       CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
       return lsmr_block::Run(sms, csv);
     }
-  bool small_only = false, quick = false, slab_only = false, lsmr_pass = false, tails = false;
+  bool small_only = false, quick = false, slab_only = false, lsmr_pass = false, tails = false, blocks = false,
+       blocks_small = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tails")) tails = true;
+    if (!std::strcmp(argv[i], "--blocks")) blocks = true;
+    if (!std::strcmp(argv[i], "--blocks-small")) blocks_small = true;
     if (!std::strcmp(argv[i], "--lsmr-pass")) lsmr_pass = true;
     if (!std::strcmp(argv[i], "--lsmr-ba")) g_sweep_split = true;
     if (!std::strcmp(argv[i], "--small")) small_only = true;
@@ -1593,20 +1750,22 @@ int main(int argc, char** argv) {
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
   int fails = 0;
-  if (!slab_only && !tails) {
+  if (!slab_only && !tails && !blocks && !blocks_small) {
     fails += SmallChecks<float, float>("f32", 1e-5, sms);
     fails += SmallChecks<double, double>("f64", 1e-12, sms);
     fails += SmallChecks<__half, float>("f16", 2e-3, sms);
     fails += SmallChecks<__nv_bfloat16, float>("bf16", 1e-2, sms);
   }
-  if (!tails) {
+  if (!tails && !blocks && !blocks_small) {
     fails += TailSmallChecks<float, float>("f32", 1e-5, sms);
     fails += TailSmallChecks<double, double>("f64", 1e-12, sms);
     fails += TailSmallChecks<__half, float>("f16", 2e-3, sms);
     fails += TailSmallChecks<__nv_bfloat16, float>("bf16", 1e-2, sms);
   }
   if (tails) return RunTails(sms) + (fails ? 1 : 0);
-  if (!tails) fails += SlabSmallChecks(sms);
+  if (blocks) return RunBlocks(sms);
+  if (blocks_small) return BlocksSmallChecks(sms) ? 1 : 0;
+  if (!tails) fails += SlabSmallChecks(sms) + BlocksSmallChecks(sms);
   if (small_only) return fails ? 1 : 0;
   if (lsmr_pass) {
     for (const Csr& a : {Lsq(306136, 6177, 18), Lsq(936063, 23394, 21)}) fails += LsmrPassCompare(a, Transpose(a), sms);

@@ -204,7 +204,7 @@ def run(ctx) -> list[dict]:
                     **base,
                     "op": "build",
                     "N": 0,
-                    "impl": "jax_ops CSRPair build (incl. host profile and column slabs)",
+                    "impl": "jax_ops CSRPair build (incl. host profile, column slabs, row blocks)",
                     "time_us": t_build * 1e6,
                     "note": f"transpose sort alone {t_transpose * 1e6:.0f} us; "
                     f"generation {gen_s:.1f} s; profile avg={prof.avg:.1f} p95={prof.p95:.0f} "
@@ -215,6 +215,11 @@ def run(ctx) -> list[dict]:
                         f"G={pair.slabs_t.plan.group}"
                         if pair.slabs_t is not None
                         else "no column slabs"
+                    )
+                    + "".join(
+                        f"; {op} by row blocks R={b.plan.rows}"
+                        for op, b in (("Ax", pair.blocks), ("ATu", pair.blocks_t))
+                        if b is not None
                     ),
                 }
             )
@@ -263,7 +268,10 @@ def _bench_op(ctx, base, op, n, dtype, itemsize, A, pair, indptr, indices, vals,
     times["jax_ops"] = _time_jax(prod, x, pair, quick=quick)
     temp = compiled_temp_bytes(prod, pair, x)
     plan = (pair.plan_t if transpose else pair.plan).algorithm
-    if transpose and n is None and pair.slabs_t is not None:
+    blocks = pair.blocks_t if transpose else pair.blocks
+    if n is None and blocks is not None:
+        plan = f"row blocks R={blocks.plan.rows}"
+    elif transpose and n is None and pair.slabs_t is not None:
         plan = f"column slabs G={pair.slabs_t.plan.group}"
     notes["jax_ops"] = f"plan {plan}; temp {temp} B"
 
