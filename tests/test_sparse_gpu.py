@@ -4,6 +4,8 @@ power-law matrix, outputs past 2^31 bytes, and poisoned (NaN-filled, aliased) ou
 Tests whose name contains `small` are the quick cases.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -178,11 +180,13 @@ def test_small_cusparse_plan(dtype):
         def residual(s):
             return np.linalg.norm(ref_a @ np.asarray(s.x, np.float64) - b64) / np.linalg.norm(b64)
 
-        # 300 iterations end on maxiter (istop 7) past the loss of orthogonality, where the residual follows the
-        # rounding of the products (H200: 2.43e-3 vs the CPU twin's 2.63e-3 in float32, equal to 3e-6 relative in
-        # float64): a wrong product would not stay within these bounds.
+        # This matrix loses orthogonality within the first 40 iterations, after which the iterates follow the
+        # rounding of the products and norms: on the CPU twin alone, the fused loop and the "step" loop (other
+        # summation orders) give x 9e-4 apart after 40 iterations in float64 and residuals 1.68e-3 vs 1.66e-3 at
+        # the end. H200 vs the CPU twin (the fused loop's fixed trees vs compensated sums): float32 2.43e-3 vs
+        # 2.63e-3, float64 1.64e-3 vs 1.68e-3. A wrong product would not stay within these bounds.
         r_gpu, r_cpu = residual(sol), residual(sol_cpu)
-        assert r_gpu < 1e-2 and abs(r_gpu - r_cpu) <= (0.2 if dtype == np.float32 else 1e-4) * r_cpu
+        assert r_gpu < 1e-2 and abs(r_gpu - r_cpu) <= (0.2 if dtype == np.float32 else 0.1) * r_cpu
 
 
 def test_small_poisoned_aliased_output():
@@ -497,13 +501,16 @@ def test_small_segmented_auto(dtype):
         assert _rel(outs["gpu"], outs["cpu"]) < 2 * TOL[dtype]
 
 
+@functools.cache
 def _blocked_classes(r, seed=13):
-    """Row blocks of r rows sharing a column list, in contiguous classes of block-row length: 600 of ~300
-    positions (32 lanes), 800 of ~100 (8), 5000 of 0..11 (1; empty ones included), 300 of ~40 (4)."""
+    """Row blocks of r rows sharing a column list, in contiguous classes of block-row length, each filling the
+    4096-block-row chunks of the segment table: ~300 positions (32 lanes), ~100 (8), 0..11 (1; empty ones
+    included), ~40 (4), then a ragged tail of 777 short block rows."""
     rng = np.random.default_rng(seed)
+    c = 4096
     blen = np.concatenate(
-        [250 + rng.integers(0, 101, 600), 90 + rng.integers(0, 21, 800), rng.integers(0, 12, 5000)]
-        + [30 + rng.integers(0, 21, 300)]
+        [250 + rng.integers(0, 101, c), 90 + rng.integers(0, 21, c), rng.integers(0, 12, 2 * c)]
+        + [30 + rng.integers(0, 21, c), rng.integers(0, 12, 777)]
     )
     k = 5000
     cols = [np.sort(rng.choice(k, size=n, replace=False)) for n in blen]
