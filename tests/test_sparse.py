@@ -7,19 +7,14 @@ import jax.test_util  # noqa: F401  (check_grads)
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from csr_helpers import bcsr as _bcsr
+from csr_helpers import rel_err as _rel
 from jax.experimental import sparse as jsparse
 
 from jax_ops import sparse
 
 TOL = {np.float32: 1e-5, np.float64: 1e-12, np.float16: 2e-3, jnp.bfloat16: 1e-2}
 DTYPES = [np.float32, np.float16, jnp.bfloat16]  # float64 runs in its own x64 tests
-
-
-def _rel(out, ref):
-    out = np.asarray(out, np.float64)
-    ref = np.asarray(ref, np.float64)
-    assert np.all(np.isfinite(out)), "non-finite output"
-    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300)
 
 
 def _random_csr(m, k, density, dtype, seed=0, long_row=None):
@@ -33,14 +28,6 @@ def _random_csr(m, k, density, dtype, seed=0, long_row=None):
     a.sort_indices()
     a = a.astype(np.float32) if dtype != np.float64 else a
     return a
-
-
-def _bcsr(a, dtype):
-    a = a.tocsr()
-    return jsparse.BCSR(
-        (jnp.asarray(a.data, dtype), jnp.asarray(a.indices, jnp.int32), jnp.asarray(a.indptr, jnp.int32)),
-        shape=a.shape,
-    )
 
 
 def _dense_of(bcsr):

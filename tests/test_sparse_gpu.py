@@ -414,34 +414,43 @@ def _row_classes(seed=12):
     return sp.csr_matrix((rng.standard_normal(indptr[-1]), cols, indptr), shape=(lens.size, 7000))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, jnp.bfloat16])
-def test_small_segmented_poisoned(dtype):
-    """segmented forced (1024-row chunks: several G per launch) on the ragged classes: GPU vs the CPU twin and
-    float64, also into a poisoned output (the donated y aliased to the result: an unwritten row keeps y's
-    value); deterministic run to run."""
+def _check_matvec_poisoned(a, dtype, make_pair, lanes):
+    """N = 1 products of make_pair(BCSR on each device) on ragged row classes: GPU vs the CPU twin and float64 with
+    alpha/beta/y, then into the donated y (aliased: an unwritten row keeps y's value), vmap of one column, bitwise
+    repeatable on the GPU. lanes(pair): the lane counts of the plan's segment table (must cover 1, 4, 8, 32)."""
     with jax.enable_x64(dtype == np.float64):
-        a = _row_classes()
         ref_a = _rounded(a, dtype)
         m, k = a.shape
         outs = {}
         for dev in (_gpu(), _cpu()):
-            pair = sparse.csr_pair(_bcsr(a, dtype, dev), algorithm="segmented", split_chunk=1024)
-            assert pair.plan.algorithm == "segmented"
-            assert {int(g) for g in np.asarray(pair.long_rows)[2::3]} >= {1, 4, 8, 32}
+            pair = make_pair(_bcsr(a, dtype, dev))
+            assert {int(g) for g in lanes(pair)} >= {1, 4, 8, 32}
             x, x64 = _dense_in((k,), dtype, dev)
             y, y64 = _dense_in((m,), dtype, dev, seed=3)
             f = jax.jit(lambda p, x, y: p.matvec(x, alpha=0.75, beta=-0.5, y=y))
             out = f(pair, x, y)
             assert _rel(out, 0.75 * (ref_a @ x64) - 0.5 * y64) < TOL[dtype]
-            # the output is y itself (donated, aliased): an unwritten element would keep y's value
             g = jax.jit(lambda p, x, y: p.matvec(x, beta=-0.5, y=y), donate_argnums=(2,))
             y2, _ = _dense_in((m,), dtype, dev, seed=3)
             assert _rel(g(pair, x, y2), ref_a @ x64 - 0.5 * y64) < TOL[dtype]
+            assert _rel(jax.vmap(pair.matvec)(x[None])[0], ref_a @ x64) < TOL[dtype]
             outs[dev.platform] = np.asarray(out.astype(jnp.float32) if dtype != np.float64 else out)
             if dev.platform == "gpu":
                 for _ in range(3):  # deterministic
                     assert np.array_equal(np.asarray(f(pair, x, y)), np.asarray(out))
         assert _rel(outs["gpu"], outs["cpu"]) < 2 * TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, jnp.bfloat16])
+def test_small_segmented_poisoned(dtype):
+    """segmented forced (1024-row chunks: several G per launch) on the ragged classes (_check_matvec_poisoned)."""
+
+    def lanes(pair):
+        assert pair.plan.algorithm == "segmented"
+        return np.asarray(pair.long_rows)[2::3]
+
+    make = lambda A: sparse.csr_pair(A, algorithm="segmented", split_chunk=1024)  # noqa: E731
+    _check_matvec_poisoned(_row_classes(), dtype, make, lanes)
 
 
 @pytest.mark.parametrize(
@@ -522,32 +531,14 @@ def _blocked_classes(r, seed=13):
 @pytest.mark.parametrize("r", [2, 3, 4])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, jnp.bfloat16])
 def test_small_blocks_poisoned(dtype, r):
-    """The blocks form (blocks=True) on ragged block-row classes (several lane counts in one launch): GPU vs the
-    CPU twin and float64, then into the donated y (aliased: an unwritten row keeps y's value), bitwise
-    repeatable; the transposed product and vmap of one column on the same pair."""
-    with jax.enable_x64(dtype == np.float64):
-        a = _blocked_classes(r)
-        ref_a = _rounded(a, dtype)
-        m, k = a.shape
-        outs = {}
-        for dev in (_gpu(), _cpu()):
-            pair = sparse.csr_pair(_bcsr(a, dtype, dev), blocks=True)
-            assert pair.blocks is not None and pair.blocks.plan.rows == r
-            assert {int(g) for g in np.asarray(pair.blocks.seg_table)[2::3]} >= {1, 4, 8, 32}
-            x, x64 = _dense_in((k,), dtype, dev)
-            y, y64 = _dense_in((m,), dtype, dev, seed=3)
-            f = jax.jit(lambda p, x, y: p.matvec(x, alpha=0.75, beta=-0.5, y=y))
-            out = f(pair, x, y)
-            assert _rel(out, 0.75 * (ref_a @ x64) - 0.5 * y64) < TOL[dtype]
-            g = jax.jit(lambda p, x, y: p.matvec(x, beta=-0.5, y=y), donate_argnums=(2,))
-            y2, _ = _dense_in((m,), dtype, dev, seed=3)
-            assert _rel(g(pair, x, y2), ref_a @ x64 - 0.5 * y64) < TOL[dtype]
-            assert _rel(jax.vmap(pair.matvec)(x[None])[0], ref_a @ x64) < TOL[dtype]
-            outs[dev.platform] = np.asarray(out.astype(jnp.float32) if dtype != np.float64 else out)
-            if dev.platform == "gpu":
-                for _ in range(3):
-                    assert np.array_equal(np.asarray(f(pair, x, y)), np.asarray(out))
-        assert _rel(outs["gpu"], outs["cpu"]) < 2 * TOL[dtype]
+    """The blocks form (blocks=True) on ragged block-row classes, several lane counts in one launch
+    (_check_matvec_poisoned)."""
+
+    def lanes(pair):
+        assert pair.blocks is not None and pair.blocks.plan.rows == r
+        return np.asarray(pair.blocks.seg_table)[2::3]
+
+    _check_matvec_poisoned(_blocked_classes(r), dtype, lambda A: sparse.csr_pair(A, blocks=True), lanes)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

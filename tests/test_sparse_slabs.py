@@ -9,6 +9,8 @@ import jax.test_util  # noqa: F401  (check_grads)
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from csr_helpers import bcsr as _bcsr
+from csr_helpers import rel_err as _rel
 from jax.experimental import sparse as jsparse
 
 from jax_ops import sparse
@@ -16,25 +18,6 @@ from jax_ops import sparse
 SLAB_TARGET = "jax_ops_sparse_slab_spmv"
 
 TOL = {np.float32: 1e-5, np.float64: 1e-12}
-
-
-def _rel(out, ref):
-    out = np.asarray(out, np.float64)
-    ref = np.asarray(ref, np.float64)
-    assert np.all(np.isfinite(out)), "non-finite output"
-    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300)
-
-
-def _bcsr(a, dtype):
-    a = a.tocsr()
-    return jsparse.BCSR(
-        (
-            jnp.asarray(a.data, dtype),
-            jnp.asarray(a.indices, jnp.int32),
-            jnp.asarray(a.indptr, jnp.int32),
-        ),
-        shape=a.shape,
-    )
 
 
 def _from_lens(m, k, lens, seed):
