@@ -582,9 +582,9 @@ def _build_slabs(indptr, indices, values, m: int, k: int, items: int | None = No
 # Rows that share a column list: in a bundle-adjustment Jacobian the 2 rows of an observation (A), a camera's 9
 # rows and a point's 3 (Aᵀ); in a PDE system with R unknowns per node, the node's R rows. The blocks form ("R x 1
 # BSR", the csr_spmm contract's blocks plan in ffi_cuda/sparse/spmm_params.h) stores the column list once per
-# block of R consecutive rows and the R values of a position side by side, so a product reads 4 + 4/R index
+# block of R consecutive rows and the R values of a position side by side, so an N = 1 product reads 4 + 4/R index
 # bytes per entry instead of 8 and gathers the dense operand once per R entries. Found on the host (O(nnz) per R)
-# when a CSRPair is built from concrete arrays; products of any N use it (N > 1: each gathered row of B feeds R rows).
+# when a CSRPair is built from concrete arrays; N = 1 products use it, others the CSR arrays.
 MAX_BLOCK_ROWS = 4  # kMaxBlockRows in ffi_cuda/sparse/spmm_params.h
 
 
@@ -620,7 +620,7 @@ def block_rows_host(indptr, indices) -> int:
     return 1
 
 
-# The auto rule: the blocks form serves the products when R >= 3. H200, spmv_bench --blocks (2026-12-01, µs, f32):
+# The auto rule: the blocks form serves N = 1 products when R >= 3. H200, spmv_bench --blocks (2026-12-01, µs, f32):
 # Aᵀu of bundle-adjustment 1M (R = 3) CSR vector 99.7 -> blocks 61.9 (cuSPARSE 74.7), of LSMR's ba-like Jacobian
 # segmented 46.0 -> 30.7 (43.3); but A x of both (R = 2, 12 entries per row, the pair's x gathers already L1
 # hits) slower: 72.3 -> 79.2-80.9 and 40.4 -> 43.6-44.3. (blocks=True builds the form for any R.)
@@ -945,9 +945,10 @@ def _ffi_slab(ptr, col, val, work, b2, alpha, beta, y, *, plan: SlabPlan):
 
 
 def _ffi_blocks(bptr, bcol, bval, seg_table, seg_ptr, b2, alpha, beta, y, *, plan: BlockPlan):
-    """``alpha * (A @ b2) + beta * y`` through the csr_spmm target's blocks plan (b2 [K, N], y [M, N] or [0])."""
+    """``alpha * (A x) + beta * y`` through the csr_spmm target's blocks plan (b2 = x as [K, 1], y [M, 1] or
+    [0])."""
     m = plan.rows * plan.block_rows
-    out = jax.ShapeDtypeStruct((m, b2.shape[1]), bval.dtype)
+    out = jax.ShapeDtypeStruct((m, 1), bval.dtype)
     ws = jax.ShapeDtypeStruct((1,), _acc_dtype(bval.dtype))
     res, _ = _ffi.ffi_call(
         "jax_ops_sparse_csr_spmm",
@@ -978,18 +979,17 @@ def _alt_leaves(alt) -> tuple:
 
 @functools.cache
 def _alt_core(alt_plan, plan: Plan, implementation: str | None):
-    """The product through another form of the matrix: column slabs (SlabPlan, N = 1 only: wider products run the
-    CSR SpMM, ``_core``) or row blocks (BlockPlan, any N). vmap folds the batch into the columns. ``args``: the CSR
-    arrays (indptr, indices, values, long_rows, long_ptr), the form's leaves (_alt_leaves), then b2, alpha, beta,
-    y."""
-    slabs = isinstance(alt_plan, SlabPlan)
-    ffi_alt = _ffi_slab if slabs else _ffi_blocks
+    """N = 1 product through another form of the matrix (column slabs for SlabPlan, row blocks for BlockPlan);
+    vmap folds the batch into the columns of a CSR SpMM (``_core``), or stays on the form when the folded width is
+    still 1. ``args``: the CSR arrays (indptr, indices, values, long_rows, long_ptr), the form's leaves
+    (_alt_leaves), then b2, alpha, beta, y."""
+    ffi_alt = _ffi_slab if isinstance(alt_plan, SlabPlan) else _ffi_blocks
 
     @jax.custom_batching.custom_vmap
     def core(*args):
         indptr, indices, values, long_rows, long_ptr = args[:5]
         b2, alpha, beta, y = args[-4:]
-        if slabs and b2.shape[1] != 1:
+        if b2.shape[1] != 1:
             return _core(plan, implementation)(
                 indptr, indices, values, b2, alpha, beta, y, long_rows, long_ptr
             )
@@ -1032,9 +1032,8 @@ def _sampled(indptr, indices, g, b2, k):
 
 
 def _uses_alt(st: _Static, alt, b2) -> bool:
-    """Whether the product runs on the form ``alt`` (row blocks, or column slabs for N = 1; not the XLA path)."""
-    n_ok = isinstance(alt, Blocks) or b2.shape[1] == 1
-    return st.alt is not None and alt is not None and n_ok and st.implementation != "xla"
+    """Whether the product runs on the N = 1 form ``alt`` (column slabs or blocks; N = 1, not the XLA path)."""
+    return st.alt is not None and alt is not None and b2.shape[1] == 1 and st.implementation != "xla"
 
 
 def _product(st: _Static, a_arrays, values, alt, b2, alpha, beta, y):
@@ -1062,7 +1061,7 @@ def _slab_sampled(slabs: Slabs, plan: SlabPlan, ga, b2):
 
 def _blocks_sampled(bl: Blocks, ga, b2):
     """d/d bl.values of ``ga · (A b2)``: value R p + i (row R b + i, position p of block row b, column c) gets
-    ga[R b + i, :] · b2[c, :] (0 for an invalid column or a position outside every block row)."""
+    ga[R b + i] * b2[c] (0 for an invalid column or a position outside every block row)."""
     r = bl.plan.rows
     npos = bl.indices.shape[0]
     k = b2.shape[0]
@@ -1071,9 +1070,9 @@ def _blocks_sampled(bl: Blocks, ga, b2):
         return jnp.zeros((r * npos,), bl.values.dtype)
     brow, inside = _row_ids(bl.indptr, npos)
     valid = inside & (bl.indices >= 0) & (bl.indices < k)
-    xc = b2[jnp.clip(bl.indices, 0, k - 1)].astype(acc)  # [P, N]
-    rows = brow[:, None] * r + jnp.arange(r, dtype=jnp.int32)[None, :]  # [P, R]
-    g = jnp.einsum("prn,pn->pr", ga[rows].astype(acc), xc)
+    xc = b2[jnp.clip(bl.indices, 0, k - 1), 0].astype(acc)
+    rows = brow[:, None] * r + jnp.arange(r, dtype=jnp.int32)[None, :]
+    g = ga[rows, 0].astype(acc) * xc[:, None]
     return jnp.where(valid[:, None], g, 0).reshape(-1).astype(bl.values.dtype)
 
 
@@ -1228,7 +1227,7 @@ class CSRPair:
         ``split_chunk`` sets the nnz per work unit of the split algorithm. ``slabs``: build the column-slab
         form of Aᵀ used by N = 1 ``rmatvec`` (True), never (False), or when :func:`slab_model` says it pays
         for this shape (None; f32/f64 only). ``blocks``: build the row-block form of A and of Aᵀ where their rows
-        come in blocks sharing a column list (block_rows_host), used by the products instead of CSR and slabs:
+        come in blocks sharing a column list (block_rows_host), used by N = 1 products instead of CSR and slabs:
         wherever found (True), never (False), or for blocks of at least 3 rows (None, the measured rule; not for
         Aᵀ when slabs=True asks for slabs). Both need concrete arrays (outside jit); a traced build has neither."""
         _checks.check_implementation(implementation)
@@ -1354,9 +1353,9 @@ class CSRPair:
         beta_a = _coef("beta", beta, n, acc, 1.0)
         a_arr = (self.indptr, self.indices, self.long_rows, self.long_ptr)
         t_arr = (self.indptr_t, self.indices_t, self.long_rows_t, self.long_ptr_t)
-        # the form this direction's product runs on: blocks, else column slabs (N = 1), else none (CSR)
-        blocks, slabs = (self.blocks_t, self.slabs_t) if transpose else (self.blocks, self.slabs)
-        alt = blocks if blocks is not None else slabs if n == 1 else None
+        # the N = 1 form of this direction's matrix: blocks, else column slabs, else none (CSR)
+        forms = (self.blocks_t, self.slabs_t) if transpose else (self.blocks, self.slabs)
+        alt = next((f for f in forms if f is not None), None) if n == 1 else None
         alt_plan = alt.plan if alt is not None else None
         if transpose:
             st = _Static(m, k, self.plan_t, self.plan, self.implementation, alt_plan)

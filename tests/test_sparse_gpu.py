@@ -544,7 +544,7 @@ def test_small_blocks_poisoned(dtype, r):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_blocks_bundle_auto(dtype):
     """The auto rule on a bundle-adjustment Jacobian (200k observations): Aᵀ in blocks of 3 rows (cameras and
-    points), A on CSR; Aᵀu, its gradient (A x) and Aᵀ U with 16 columns vs float64 and the CPU twin."""
+    points), A on CSR; Aᵀu, its gradient (A x) and Aᵀ U with 16 columns (CSR) vs float64 and the CPU twin."""
     from jax_ops.bench.sparse import gen_bundle_adjustment
 
     with jax.enable_x64(dtype == np.float64):
@@ -561,44 +561,9 @@ def test_blocks_bundle_auto(dtype):
             assert _rel(atu, ref_a.T @ u64) < TOL[dtype]
             gu = jax.jit(jax.grad(lambda u, p, x: jnp.sum(p.rmatvec(u) * x)))(u, pair, x)  # A x
             assert _rel(gu, ref_a @ x64) < TOL[dtype]
-            U, U64 = _dense_in((shape[0], 16), dtype, dev, seed=6)  # LSMR's 16-RHS Aᵀ U, also on blocks
+            U, U64 = _dense_in((shape[0], 16), dtype, dev, seed=6)  # LSMR's 16-RHS Aᵀ U: the CSR SpMM
             atU = jax.jit(lambda p, U: p.rmatmat(U))(pair, U)
             assert _rel(atU, ref_a.T @ U64) < TOL[dtype]
             outs[dev.platform] = (np.asarray(atu), np.asarray(gu), np.asarray(atU))
         for g_, c_ in zip(outs["gpu"], outs["cpu"]):
             assert _rel(g_, c_) < 2 * TOL[dtype]
-
-
-@pytest.mark.parametrize(
-    "dtype, n",
-    [
-        (np.float32, 16),
-        (np.float32, 12),
-        (np.float32, 5),
-        (np.float32, 256),
-        (np.float64, 16),
-        (jnp.bfloat16, 32),
-    ],
-)
-def test_small_blocks_spmm(dtype, n):
-    """N > 1 on the blocks form (the segmented slots kernel per block row; R = 3 on ragged classes, so segments
-    take S = 8, 2 and 1): 16-byte rows with an idle column lane (12), odd N (5: one column per lane), two column
-    tiles (256), vs float64 and the CPU twin, then per-column alpha/beta into the donated y, bitwise repeatable."""
-    with jax.enable_x64(dtype == np.float64):
-        a = _blocked_classes(3)
-        ref_a = _rounded(a, dtype)
-        m, k = a.shape
-        outs = {}
-        al, be = jnp.linspace(-1.0, 1.0, n), jnp.linspace(2.0, 0.0, n)
-        f = jax.jit(lambda p, B, Y: p.matmat(B, alpha=al, beta=be, y=Y), donate_argnums=(2,))
-        for dev in (_gpu(), _cpu()):
-            pair = sparse.csr_pair(_bcsr(a, dtype, dev), blocks=True)
-            B, B64 = _dense_in((k, n), dtype, dev)
-            Y, Y64 = _dense_in((m, n), dtype, dev, seed=3)
-            out = f(pair, B, Y)
-            assert _rel(out, (ref_a @ B64) * np.asarray(al) + Y64 * np.asarray(be)) < TOL[dtype]
-            outs[dev.platform] = np.asarray(out.astype(jnp.float32) if dtype != np.float64 else out)
-            if dev.platform == "gpu":
-                Y2, _ = _dense_in((m, n), dtype, dev, seed=3)
-                assert np.array_equal(np.asarray(f(pair, B, Y2)), np.asarray(out))
-        assert _rel(outs["gpu"], outs["cpu"]) < 2 * TOL[dtype]

@@ -73,12 +73,12 @@ template <typename C>
 void Run(const SpmmArgs<typename C::T, typename C::Acc>& a) {
   using Acc = typename C::Acc;
   std::vector<Acc> acc(static_cast<size_t>(a.n));
-  if ((a.algorithm == kSegmented && a.n == 1) || a.algorithm == kBlocks) {
+  if ((a.algorithm == kSegmented || a.algorithm == kBlocks) && a.n == 1) {
     // The rows the CUDA grid writes: segment s runs when its CTA range [ptr[s], min(ptr[s+1], chunk)) is
     // non-empty (the kernel's lookup on a non-decreasing prefix); its rows [begin, end) clamped to [0, M) (block
-    // rows clamped to [0, M / R) for blocks, each writing its R rows; the segmented plan is R = 1).
+    // rows clamped to [0, M / R) for blocks, each writing its R rows).
     const int64_t rows = a.m / a.r;
-    std::vector<Acc> racc(static_cast<size_t>(a.r * a.n));
+    std::vector<Acc> racc(static_cast<size_t>(a.r));
     for (int64_t sg = 0; sg < a.num_long; ++sg) {
       const int64_t c0 = a.long_ptr[sg], c1 = std::min<int64_t>(a.long_ptr[sg + 1], a.chunk);
       if (c0 < 0 || c1 <= c0) continue;
@@ -88,16 +88,13 @@ void Run(const SpmmArgs<typename C::T, typename C::Acc>& a) {
         int64_t s, e;
         RowRange<C>(a, r, &s, &e);
         std::fill(racc.begin(), racc.end(), Acc(0));
-        for (int64_t p = s; p < e; ++p) {
+        for (int64_t p = s; p < e; ++p) {  // segmented: R = 1
           const int64_t c = a.indices[p];
           if (c < 0 || c >= a.k) continue;
-          const typename C::T* brow = a.b + c * a.n;
-          for (int64_t i = 0; i < a.r; ++i) {
-            const Acc v = C::Load(a.values[p * a.r + i]);
-            for (int64_t j = 0; j < a.n; ++j) racc[i * a.n + j] += v * C::Load(brow[j]);
-          }
+          const Acc x = C::Load(a.b[c]);
+          for (int64_t i = 0; i < a.r; ++i) racc[i] += C::Load(a.values[p * a.r + i]) * x;
         }
-        for (int64_t i = 0; i < a.r; ++i) Epilogue<C>(a, r * a.r + i, &racc[i * a.n]);
+        for (int64_t i = 0; i < a.r; ++i) Epilogue<C>(a, r * a.r + i, &racc[i]);
       }
     }
     return;

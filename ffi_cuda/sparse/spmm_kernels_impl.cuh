@@ -529,32 +529,13 @@ __global__ void __launch_bounds__(kThreads) SpmmGroupKernel(SpmmArgs<T, Acc> a, 
   }
 }
 
-// The R values of one block-row position (values + p * R) into accumulators: one vector load when R is 2 or 4 and
-// `vec` (the caller checked the alignment), else R scalar loads of one sector.
-template <int R, typename T, typename Acc>
-__device__ __forceinline__ void LoadBlockValues(const T* q, bool vec, Acc (&v)[R]) {
-  constexpr int kBytes = R * static_cast<int>(sizeof(T));
-  if constexpr ((R == 2 || R == 4) && (kBytes == 4 || kBytes == 8 || kBytes == 16)) {
-    if (vec) {
-      using V = std::conditional_t<kBytes == 4, unsigned, std::conditional_t<kBytes == 8, uint2, uint4>>;
-      const V raw = __ldg(reinterpret_cast<const V*>(q));
-      const T* t = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int i = 0; i < R; ++i) v[i] = ToAcc(t[i]);
-      return;
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < R; ++i) v[i] = ToAcc(Ld(q + i));
-}
-
 // Launch bound of the slots kernel (CTAs of 256 per SM): 8 (<= 32 registers, full occupancy for the
 // latency-bound gathers) for f32 with one column tile, else 6 (<= 40; at 8 those spill). Without a bound ptxas
 // took 40-47 registers (5 CTAs/SM) and the kernel ran no faster than the group kernel (H200, LSMR ba-like N = 16:
 // A V 150 us, against 102 us for the same loop at 32 registers in spmv_bench --lsmr-block).
-template <typename T, int G, int R = 1>
+template <typename T, int G>
 constexpr int SlotsMinBlocks() {
-  return R > 1 ? 4 : sizeof(T) == 4 && G < 32 ? 8 : 6;  // blocks: R accumulator sets (<= 64 registers)
+  return sizeof(T) == 4 && G < 32 ? 8 : 6;
 }
 
 // SpmmSlotsKernel<G, VEC, S> (N > 1, 16-byte rows: VEC = 16 / sizeof(T)): a team of G * S lanes owns (work item,
@@ -565,12 +546,10 @@ constexpr int SlotsMinBlocks() {
 // A V 1.04x (11kv-like) / 1.25x (ba-like) the group kernel, 11kv-like Aᵀ U 1.70x the split plan; ba-like Aᵀ U
 // (random gathers from a U larger than L2) 0.89x.
 // Items [i0, i1) (rows, or split units in unit mode) by the teams of CTAs [0, ctas) of a grid-stride, `cta` this
-// one's index in that range. R > 1: the items are block rows of the blocks plan (R rows sharing a column list,
-// R values per position): each gathered B row feeds R accumulator sets, stored to rows R idx .. R idx + R - 1.
-template <typename T, typename Acc, int G, int VEC, int S, bool kUnitMode, int R = 1>
+// one's index in that range.
+template <typename T, typename Acc, int G, int VEC, int S, bool kUnitMode>
 __device__ __forceinline__ void SpmmSlotsBody(const SpmmArgs<T, Acc>& a, int64_t i0, int64_t i1, int64_t cta,
                                               int64_t ctas) {
-  static_assert(R == 1 || !kUnitMode, "blocks have no split units");
   constexpr bool unit_mode = kUnitMode;
   constexpr int kTeam = G * S;
   static_assert(kTeam <= 32, "a team must fit in a warp");
@@ -584,59 +563,38 @@ __device__ __forceinline__ void SpmmSlotsBody(const SpmmArgs<T, Acc>& a, int64_t
   const int64_t end = i1 * tiles;
   const int64_t teams = ctas * (kThreads / kTeam);
   const uint32_t k = static_cast<uint32_t>(a.k);
-  const bool vec = reinterpret_cast<uintptr_t>(a.values) % (R * sizeof(T)) == 0;  // R values in one load
   for (int64_t item = i0 * tiles + cta * (kThreads / kTeam) + threadIdx.x / kTeam; item < end; item += teams) {
     const int64_t idx = kOneTile ? item : item / tiles;
     const int64_t col0 = (item - idx * tiles) * kTileW + int64_t{cl} * VEC;
     int64_t r, s, e;
     if (!ItemRange(a, idx, unit_mode, &r, &s, &e)) continue;  // the same answer for the whole team
     const bool active = col0 < a.n;
-    Acc acc[R][VEC];
+    Acc acc[VEC];
 #pragma unroll
-    for (int q = 0; q < R; ++q)
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) acc[q][i] = 0;
-    auto fma = [&](int c, const Acc(&v)[R]) {
+    for (int i = 0; i < VEC; ++i) acc[i] = 0;
+    auto fma = [&](int c, Acc v) {
       if (static_cast<uint32_t>(c) < k && active) {
         Acc bv[VEC];
         LoadVec<T, Acc, VEC>(a.b + static_cast<int64_t>(c) * a.n + col0, bv);
 #pragma unroll
-        for (int q = 0; q < R; ++q)
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) acc[q][i] += v[q] * bv[i];
+        for (int i = 0; i < VEC; ++i) acc[i] += v * bv[i];
       }
-    };
-    auto load = [&](int64_t q, int* c, Acc(&v)[R]) {
-      *c = __ldg(a.indices + q);
-      if constexpr (R == 1)
-        v[0] = ToAcc(Ld(a.values + q));
-      else
-        LoadBlockValues<R>(a.values + q * R, vec, v);
     };
     int64_t p = s + slot;
     for (; p + 3 * S < e; p += 4 * S) {
       int c[4];
-      Acc v[4][R];
+      Acc v[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) load(p + j * S, &c[j], v[j]);
+      for (int j = 0; j < 4; ++j) c[j] = __ldg(a.indices + p + j * S), v[j] = ToAcc(Ld(a.values + p + j * S));
 #pragma unroll
       for (int j = 0; j < 4; ++j) fma(c[j], v[j]);
     }
-    for (; p < e; p += S) {
-      int c;
-      Acc v[R];
-      load(p, &c, v);
-      fma(c, v);
-    }
+    for (; p < e; p += S) fma(__ldg(a.indices + p), ToAcc(Ld(a.values + p)));
 #pragma unroll
     for (int off = G; off < kTeam; off <<= 1)
 #pragma unroll
-      for (int q = 0; q < R; ++q)
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) acc[q][i] += __shfl_xor_sync(mask, acc[q][i], off, kTeam);
-    if (slot == 0 && active)
-#pragma unroll
-      for (int q = 0; q < R; ++q) StoreTile<T, Acc, VEC>(a, unit_mode, idx, R == 1 ? r : idx * R + q, col0, acc[q]);
+      for (int i = 0; i < VEC; ++i) acc[i] += __shfl_xor_sync(mask, acc[i], off, kTeam);
+    if (slot == 0 && active) StoreTile<T, Acc, VEC>(a, unit_mode, idx, r, col0, acc);
   }
 }
 
@@ -655,25 +613,20 @@ __host__ __device__ inline int SlotsFor(double avg, int g) {
 // Segmented SpMM (N > 1, 16-byte rows) over the N == 1 segment table (spmm_params.h): CTA b runs its segment's
 // rows with the slots of that segment's average row (SlotsFor), so a long-row class (CSR(Aᵀ) of bundle
 // adjustment: camera rows of ~500) gets up to 8 slots per team while the short rows next to it keep one.
-// R > 1: the blocks plan's N > 1 product (its table over block rows; slots from the block rows' average
-// positions; VEC = 1 runs one slot, for unaligned or odd N).
-template <typename T, typename Acc, int G, int VEC, int R = 1>
-__global__ void __launch_bounds__(kThreads, (SlotsMinBlocks<T, G, R>())) SpmmSegmentedSlotsKernel(SpmmArgs<T, Acc> a) {
+template <typename T, typename Acc, int G, int VEC>
+__global__ void __launch_bounds__(kThreads, (SlotsMinBlocks<T, G>())) SpmmSegmentedSlotsKernel(SpmmArgs<T, Acc> a) {
   SegmentCta g;
-  if (!FindSegment(a, a.m / R, &g)) return;
+  if (!FindSegment(a, a.m, &g)) return;
   const int64_t p0 = min(max(static_cast<int64_t>(__ldg(a.indptr + g.r0)), int64_t{0}), a.nnz);
   const int64_t p1 = min(max(static_cast<int64_t>(__ldg(a.indptr + g.r1)), p0), a.nnz);
   const int s = SlotsFor(g.r1 > g.r0 ? static_cast<double>(p1 - p0) / static_cast<double>(g.r1 - g.r0) : 0.0, G);
-  const int64_t c = blockIdx.x - g.c0, cs = g.c1 - g.c0;
-  if constexpr (VEC > 1 || R == 1) {
-    if constexpr (G * 8 <= 32)
-      if (s >= 8) return SpmmSlotsBody<T, Acc, G, VEC, 8, false, R>(a, g.r0, g.r1, c, cs);
-    if constexpr (G * 4 <= 32)
-      if (s >= 4) return SpmmSlotsBody<T, Acc, G, VEC, 4, false, R>(a, g.r0, g.r1, c, cs);
-    if constexpr (G * 2 <= 32)
-      if (s >= 2) return SpmmSlotsBody<T, Acc, G, VEC, 2, false, R>(a, g.r0, g.r1, c, cs);
-  }
-  SpmmSlotsBody<T, Acc, G, VEC, 1, false, R>(a, g.r0, g.r1, c, cs);
+  if constexpr (G * 8 <= 32)
+    if (s >= 8) return SpmmSlotsBody<T, Acc, G, VEC, 8, false>(a, g.r0, g.r1, blockIdx.x - g.c0, g.c1 - g.c0);
+  if constexpr (G * 4 <= 32)
+    if (s >= 4) return SpmmSlotsBody<T, Acc, G, VEC, 4, false>(a, g.r0, g.r1, blockIdx.x - g.c0, g.c1 - g.c0);
+  if constexpr (G * 2 <= 32)
+    if (s >= 2) return SpmmSlotsBody<T, Acc, G, VEC, 2, false>(a, g.r0, g.r1, blockIdx.x - g.c0, g.c1 - g.c0);
+  SpmmSlotsBody<T, Acc, G, VEC, 1, false>(a, g.r0, g.r1, blockIdx.x - g.c0, g.c1 - g.c0);
 }
 
 // Pass 3 of split: one warp per long row, lanes over columns, partials summed in unit order.
@@ -740,6 +693,25 @@ __global__ void __launch_bounds__(kThreads, kSegmentedMinBlocks) SpmvSegmentedKe
     default:
       return SegmentRows<T, Acc, 32>(a, g.r0, g.r1, warp, nwarps);
   }
+}
+
+// The R values of one block-row position (values + p * R) into accumulators: one vector load when R is 2 or 4 and
+// `vec` (the caller checked the alignment), else R scalar loads of one sector.
+template <int R, typename T, typename Acc>
+__device__ __forceinline__ void LoadBlockValues(const T* q, bool vec, Acc (&v)[R]) {
+  constexpr int kBytes = R * static_cast<int>(sizeof(T));
+  if constexpr ((R == 2 || R == 4) && (kBytes == 4 || kBytes == 8 || kBytes == 16)) {
+    if (vec) {
+      using V = std::conditional_t<kBytes == 4, unsigned, std::conditional_t<kBytes == 8, uint2, uint4>>;
+      const V raw = __ldg(reinterpret_cast<const V*>(q));
+      const T* t = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < R; ++i) v[i] = ToAcc(t[i]);
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) v[i] = ToAcc(Ld(q + i));
 }
 
 // Blocks plan (N == 1; contract in spmm_params.h): block rows [b0, b1) of R rows that share a column list, in
@@ -880,21 +852,6 @@ cudaError_t LaunchSpmvRows(cudaStream_t stream, const SpmmArgs<T, Acc>& a, int64
   return cudaGetLastError();
 }
 
-// The blocks plan's N > 1 product: the segmented slots kernel for block height a.r.
-template <typename T, typename Acc, int G, int VEC>
-cudaError_t LaunchBlocksSpmm(cudaStream_t stream, const SpmmArgs<T, Acc>& a) {
-  switch (a.r) {
-    case 2:
-      return LaunchOnSegments<T, Acc>(&SpmmSegmentedSlotsKernel<T, Acc, G, VEC, 2>, stream, a);
-    case 3:
-      return LaunchOnSegments<T, Acc>(&SpmmSegmentedSlotsKernel<T, Acc, G, VEC, 3>, stream, a);
-    case 4:
-      return LaunchOnSegments<T, Acc>(&SpmmSegmentedSlotsKernel<T, Acc, G, VEC, 4>, stream, a);
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
-
 template <typename F>
 cudaError_t WithGroup(int g, F&& f) {
   switch (g) {
@@ -999,12 +956,9 @@ cudaError_t LaunchCsrSpmm(cudaStream_t stream, const SpmmArgs<T, Acc>& a, bool v
         };
         if (a.algorithm == kSegmented)
           return LaunchOnSegments<T, Acc>(&SpmmSegmentedSlotsKernel<T, Acc, G, kVec16>, stream, a);
-        if (a.algorithm == kBlocks) return LaunchBlocksSpmm<T, Acc, G, kVec16>(stream, a);
         cudaError_t e = slots(SlotsFor(static_cast<double>(a.nnz) / a.m, G), a.m, std::false_type{});
         if (e == cudaSuccess && split) e = slots(SlotsFor(static_cast<double>(a.chunk), G), a.units, std::true_type{});
         if (e != cudaSuccess) return e;
-      } else if (a.algorithm == kBlocks) {
-        return LaunchBlocksSpmm<T, Acc, G, 1>(stream, a);
       } else {
         SpmmGroupKernel<T, Acc, G, 1><<<blocks_for(a.m * tiles_1 * G), kThreads, 0, stream>>>(a, false);
         if (split) SpmmGroupKernel<T, Acc, G, 1><<<blocks_for(a.units * tiles_1 * G), kThreads, 0, stream>>>(a, true);

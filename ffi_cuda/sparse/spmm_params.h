@@ -33,15 +33,14 @@
 // segment, S from the segment's average row) and likewise writes only the table's rows; other N > 1 (the group
 // kernel) and the CPU twin's N > 1 write every row. Python's table always covers [0, M), where they agree.
 //
-// Blocks: the rows come in blocks of R consecutive rows (2 <= R <= kMaxBlockRows) that share one column
+// Blocks (N == 1): the rows come in blocks of R consecutive rows (2 <= R <= kMaxBlockRows) that share one column
 // list, stored once per block ("R x 1 BSR"): indptr s32[M/R + 1] over block rows, indices s32[P] (the blocks'
 // column lists: P positions), values T[R * P] with values[R p + i] the entry of row R b + i at position p of block
 // row b. R is not an attribute: it is M / (len(indptr) - 1) (M = 0 with no block row), and len(values) must be
-// R * P. Each position's b[col] (N > 1: its row of B) is gathered once for its R rows. Block-row ranges are
-// clamped like rows (to [0, P]); the segment table is the segmented plan's over block rows (long_rows = (block
-// row begin, end, lanes per block row for N == 1), long_ptr = CTA prefix, chunk = CTAs), and a segment's block
-// rows write their R rows each (N > 1: the slots kernel per segment, slots from its average block row). The CPU
-// twin writes the same rows.
+// R * P. Each position's b[col] is gathered once for its R rows. Block-row ranges are clamped like rows (to
+// [0, P]); the segment table is the segmented plan's over block rows (long_rows = (block row begin, end, lanes
+// per block row), long_ptr = CTA prefix, chunk = CTAs), and a segment's block rows write their R rows each. The
+// CPU twin writes the same rows.
 //
 // cuSPARSE (N == 1, f32/f64 only): cusparseSpMV with CSR_ALG2, cuSPARSE's deterministic CSR algorithm (bitwise
 // repeatable; its default algorithm is not, on power-law rows). cuSPARSE takes the buffers as a standard CSR of
@@ -158,6 +157,7 @@ inline ffi::ErrorOr<SpmmShape> CheckSpmmArgs(const ffi::AnyBuffer& indptr, const
     return fail("out has shape " + ShapeString(out.dimensions()) + " but b has " + ShapeString(b.dimensions()));
   const int64_t ptr_rows = indptr.dimensions()[0] - 1;
   if (algorithm == kBlocks) {
+    if (s.n != 1) return fail("the blocks plan needs N = 1, got N = " + std::to_string(s.n));
     if (ptr_rows < 0 || (ptr_rows == 0 && s.m != 0)) return fail("blocks needs indptr[M/R + 1] with M/R >= 1");
     s.r = ptr_rows > 0 ? s.m / ptr_rows : 2;
     if (s.r < 2 || s.r > kMaxBlockRows || s.r * ptr_rows != s.m)
