@@ -4,13 +4,14 @@
 #   --small       every-path ragged checks (all dtypes; split/segmented tails and slab kernels included)
 #   --lsmr-block  LSMR's 16-RHS block iteration: N = 16 SpMM plans, cuSPARSE SpMM, k = 16 vector passes
 #   --tails       the dispatched plan vs cuSPARSE on the cases below 0.9x, with the remaining candidates
-# Logs into OUT_DIR (default $OUT, else /tmp/spmv_experiments): one log per mode (3 files); summaries printed last.
-# Usage: bash ffi_cuda/tools/run_spmv_experiments.sh [OUT_DIR] [MODES...]   (default modes: all three)
+#   --blocks      the row-blocks plan on the bundle-adjustment matrices vs cuSPARSE and the CSR plan
+# Logs into OUT_DIR (default $OUT, else /tmp/spmv_experiments): one log per mode; summaries printed last.
+# Usage: bash ffi_cuda/tools/run_spmv_experiments.sh [OUT_DIR] [MODES...]   (default modes: all four)
 set -u
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 OUTDIR=${1:-${OUT:-/tmp/spmv_experiments}}
 shift || true
-MODES=${*:-small lsmr-block tails}
+MODES=${*:-small lsmr-block tails blocks}
 mkdir -p "$OUTDIR"
 PY=${PYTHON:-python3}
 LIB=$(dirname "$(find / -name 'libcusparse.so.12*' -not -path '/proc/*' 2>/dev/null | head -1)")
