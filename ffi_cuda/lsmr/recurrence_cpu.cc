@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "lsmr/iteration_calls.h"
+#include "lsmr/recurrence_bindings.h"
 #include "lsmr/recurrence_params.h"
 
 namespace jax_ops::lsmr {
@@ -201,85 +202,21 @@ ffi::Error ScalarsCpu(ffi::AnyBuffer sc, ffi::AnyBuffer ints, ffi::AnyBuffer neg
 }  // namespace jax_ops::lsmr
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrHbarXCpu, jax_ops::lsmr::HbarXCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>());
+                              JAX_OPS_LSMR_HBAR_X_BINDING(xla::ffi::Ffi::Bind()));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrHCpu, jax_ops::lsmr::HCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrHCpu, jax_ops::lsmr::HCpu, JAX_OPS_LSMR_H_BINDING(xla::ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrStepCpu, jax_ops::lsmr::StepCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()    // vb
-                                  .Arg<xla::ffi::AnyBuffer>()    // v
-                                  .Arg<xla::ffi::AnyBuffer>()    // h
-                                  .Arg<xla::ffi::AnyBuffer>()    // hbar
-                                  .Arg<xla::ffi::AnyBuffer>()    // x
-                                  .Arg<xla::ffi::AnyBuffer>()    // s_v
-                                  .Arg<xla::ffi::AnyBuffer>()    // keep_v
-                                  .Arg<xla::ffi::AnyBuffer>()    // c_h
-                                  .Arg<xla::ffi::AnyBuffer>()    // c_x
-                                  .Arg<xla::ffi::AnyBuffer>()    // c_v
-                                  .Ret<xla::ffi::AnyBuffer>()    // v'
-                                  .Ret<xla::ffi::AnyBuffer>()    // h'
-                                  .Ret<xla::ffi::AnyBuffer>()    // hbar'
-                                  .Ret<xla::ffi::AnyBuffer>()    // x'
-                                  .Ret<xla::ffi::AnyBuffer>());  // partials
+                              JAX_OPS_LSMR_STEP_BINDING(xla::ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrPartialNormsCpu, jax_ops::lsmr::PartialNormsCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()  // vec
-                                  .Ret<xla::ffi::AnyBuffer>()  // partials
-                                  .Attr<int32_t>("columns"));
+                              JAX_OPS_LSMR_PARTIAL_NORMS_BINDING(xla::ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrNormalizeCpu, jax_ops::lsmr::NormalizeCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()  // ub
-                                  .Arg<xla::ffi::AnyBuffer>()  // ub_partials
-                                  .Ret<xla::ffi::AnyBuffer>()  // u
-                                  .Ret<xla::ffi::AnyBuffer>()  // beta
-                                  .Ret<xla::ffi::AnyBuffer>()  // vb_coef
-                                  .Ret<xla::ffi::AnyBuffer>()  // coef_ws
-                                  .Attr<int32_t>("columns"));
+                              JAX_OPS_LSMR_NORMALIZE_BINDING(xla::ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrIterationStepCpu, jax_ops::lsmr::IterationStepCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()  // vb
-                                  .Arg<xla::ffi::AnyBuffer>()  // h
-                                  .Arg<xla::ffi::AnyBuffer>()  // hbar
-                                  .Arg<xla::ffi::AnyBuffer>()  // x
-                                  .Arg<xla::ffi::AnyBuffer>()  // vb_partials
-                                  .Arg<xla::ffi::AnyBuffer>()  // sc
-                                  .Arg<xla::ffi::AnyBuffer>()  // ints
-                                  .Arg<xla::ffi::AnyBuffer>()  // beta
-                                  .Arg<xla::ffi::AnyBuffer>()  // params
-                                  .Ret<xla::ffi::AnyBuffer>()  // v'
-                                  .Ret<xla::ffi::AnyBuffer>()  // h'
-                                  .Ret<xla::ffi::AnyBuffer>()  // hbar'
-                                  .Ret<xla::ffi::AnyBuffer>()  // x'
-                                  .Ret<xla::ffi::AnyBuffer>()  // x_partials
-                                  .Ret<xla::ffi::AnyBuffer>()  // coef_ws
-                                  .Attr<int32_t>("columns"));
+                              JAX_OPS_LSMR_ITERATION_STEP_BINDING(xla::ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrScalarsCpu, jax_ops::lsmr::ScalarsCpu,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()    // sc
-                                  .Arg<xla::ffi::AnyBuffer>()    // ints
-                                  .Arg<xla::ffi::AnyBuffer>()    // neg_alpha
-                                  .Arg<xla::ffi::AnyBuffer>()    // beta
-                                  .Arg<xla::ffi::AnyBuffer>()    // params
-                                  .Arg<xla::ffi::AnyBuffer>()    // maxiter
-                                  .Arg<xla::ffi::AnyBuffer>()    // vb_partials
-                                  .Arg<xla::ffi::AnyBuffer>()    // x_partials
-                                  .Ret<xla::ffi::AnyBuffer>()    // sc'
-                                  .Ret<xla::ffi::AnyBuffer>()    // ints'
-                                  .Ret<xla::ffi::AnyBuffer>());  // -alpha
+                              JAX_OPS_LSMR_SCALARS_BINDING(xla::ffi::Ffi::Bind()));

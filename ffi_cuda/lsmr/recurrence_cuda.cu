@@ -4,6 +4,7 @@
 
 #include "common/cuda_helpers.h"
 #include "lsmr/iteration_calls.h"
+#include "lsmr/recurrence_bindings.h"
 #include "lsmr/recurrence_kernels.h"
 #include "lsmr/recurrence_params.h"
 
@@ -146,100 +147,37 @@ ffi::Error ScalarsCuda(cudaStream_t stream, ffi::AnyBuffer sc, ffi::AnyBuffer in
 }  // namespace
 }  // namespace jax_ops::lsmr
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrHbarXCuda, jax_ops::lsmr::HbarXCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>(),
-                              {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxOpsLsmrHbarXCuda, jax_ops::lsmr::HbarXCuda,
+    JAX_OPS_LSMR_HBAR_X_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrHCuda, jax_ops::lsmr::HCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>(),
-                              {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxOpsLsmrHCuda, jax_ops::lsmr::HCuda,
+    JAX_OPS_LSMR_H_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrStepCuda, jax_ops::lsmr::StepCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()   // vb
-                                  .Arg<xla::ffi::AnyBuffer>()   // v
-                                  .Arg<xla::ffi::AnyBuffer>()   // h
-                                  .Arg<xla::ffi::AnyBuffer>()   // hbar
-                                  .Arg<xla::ffi::AnyBuffer>()   // x
-                                  .Arg<xla::ffi::AnyBuffer>()   // s_v
-                                  .Arg<xla::ffi::AnyBuffer>()   // keep_v
-                                  .Arg<xla::ffi::AnyBuffer>()   // c_h
-                                  .Arg<xla::ffi::AnyBuffer>()   // c_x
-                                  .Arg<xla::ffi::AnyBuffer>()   // c_v
-                                  .Ret<xla::ffi::AnyBuffer>()   // v'
-                                  .Ret<xla::ffi::AnyBuffer>()   // h'
-                                  .Ret<xla::ffi::AnyBuffer>()   // hbar'
-                                  .Ret<xla::ffi::AnyBuffer>()   // x'
-                                  .Ret<xla::ffi::AnyBuffer>(),  // partials
-                              {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxOpsLsmrStepCuda, jax_ops::lsmr::StepCuda,
+    JAX_OPS_LSMR_STEP_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrPartialNormsCuda, jax_ops::lsmr::PartialNormsCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // vec
-                                  .Ret<xla::ffi::AnyBuffer>()  // partials
-                                  .Attr<int32_t>("columns"),
-                              {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxOpsLsmrPartialNormsCuda, jax_ops::lsmr::PartialNormsCuda,
+    JAX_OPS_LSMR_PARTIAL_NORMS_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrNormalizeCuda, jax_ops::lsmr::NormalizeCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // ub
-                                  .Arg<xla::ffi::AnyBuffer>()  // ub_partials
-                                  .Ret<xla::ffi::AnyBuffer>()  // u
-                                  .Ret<xla::ffi::AnyBuffer>()  // beta
-                                  .Ret<xla::ffi::AnyBuffer>()  // vb_coef
-                                  .Ret<xla::ffi::AnyBuffer>()  // coef_ws
-                                  .Attr<int32_t>("columns"),
-                              {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxOpsLsmrNormalizeCuda, jax_ops::lsmr::NormalizeCuda,
+    JAX_OPS_LSMR_NORMALIZE_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrIterationStepCuda, jax_ops::lsmr::IterationStepCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()  // vb
-                                  .Arg<xla::ffi::AnyBuffer>()  // h
-                                  .Arg<xla::ffi::AnyBuffer>()  // hbar
-                                  .Arg<xla::ffi::AnyBuffer>()  // x
-                                  .Arg<xla::ffi::AnyBuffer>()  // vb_partials
-                                  .Arg<xla::ffi::AnyBuffer>()  // sc
-                                  .Arg<xla::ffi::AnyBuffer>()  // ints
-                                  .Arg<xla::ffi::AnyBuffer>()  // beta
-                                  .Arg<xla::ffi::AnyBuffer>()  // params
-                                  .Ret<xla::ffi::AnyBuffer>()  // v'
-                                  .Ret<xla::ffi::AnyBuffer>()  // h'
-                                  .Ret<xla::ffi::AnyBuffer>()  // hbar'
-                                  .Ret<xla::ffi::AnyBuffer>()  // x'
-                                  .Ret<xla::ffi::AnyBuffer>()  // x_partials
-                                  .Ret<xla::ffi::AnyBuffer>()  // coef_ws
-                                  .Attr<int32_t>("columns"),
-                              {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxOpsLsmrIterationStepCuda, jax_ops::lsmr::IterationStepCuda,
+    JAX_OPS_LSMR_ITERATION_STEP_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxOpsLsmrScalarsCuda, jax_ops::lsmr::ScalarsCuda,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<xla::ffi::AnyBuffer>()   // sc
-                                  .Arg<xla::ffi::AnyBuffer>()   // ints
-                                  .Arg<xla::ffi::AnyBuffer>()   // neg_alpha
-                                  .Arg<xla::ffi::AnyBuffer>()   // beta
-                                  .Arg<xla::ffi::AnyBuffer>()   // params
-                                  .Arg<xla::ffi::AnyBuffer>()   // maxiter
-                                  .Arg<xla::ffi::AnyBuffer>()   // vb_partials
-                                  .Arg<xla::ffi::AnyBuffer>()   // x_partials
-                                  .Ret<xla::ffi::AnyBuffer>()   // sc'
-                                  .Ret<xla::ffi::AnyBuffer>()   // ints'
-                                  .Ret<xla::ffi::AnyBuffer>(),  // -alpha
-                              {xla::ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxOpsLsmrScalarsCuda, jax_ops::lsmr::ScalarsCuda,
+    JAX_OPS_LSMR_SCALARS_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
+    {xla::ffi::Traits::kCmdBufferCompatible});
