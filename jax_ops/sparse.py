@@ -1187,7 +1187,8 @@ class CSRPair:
     Build with :meth:`from_matrix` (or :func:`csr_pair`) from a BCSR, BCOO or scipy.sparse matrix. The profile is
     computed on the host when the inputs are concrete (outside ``jit``); inside ``jit`` the plan falls back to
     the static average row length. Gradients w.r.t. values arrive on the leaf the product used (``values`` for
-    ``matvec``/``matmat``, ``values_t`` for ``rmatvec``/``rmatmat``).
+    ``matvec``/``matmat``, ``values_t`` for ``rmatvec``/``rmatmat``; ``blocks.values``/``blocks_t.values`` or
+    ``slabs_t.val`` for an N = 1 product that ran on row blocks or column slabs).
     """
 
     indptr: jax.Array
