@@ -1,5 +1,5 @@
-// The fused LSMR iteration's FFI handler bodies (partial norms, normalize, iteration step), shared by the CPU twin
-// and the CUDA handlers: argument checks, then `run(UpdateTag<Update>{}, dtype, name, shape, ins, outs, partials,
+// The fused LSMR iteration's FFI handler bodies (partial norms, normalize, iteration step, scalars), shared by the CPU
+// twin and the CUDA handlers: argument checks, then `run(UpdateTag<Update>{}, dtype, name, shape, ins, outs, partials,
 // coef_ws, fill_state)`, which is RunBlock (recurrence_cpu.cc) or LaunchBlock (recurrence_cuda.cu). fill_state fills
 // the ColumnState of a kCoefFromState update. `columns` picks the vectors' layout (BlockShape).
 #pragma once
@@ -90,6 +90,22 @@ ffi::Error IterationStepCall(const ffi::AnyBuffer& vb, const ffi::AnyBuffer& h, 
     st.ints = Data<int32_t>(ints);
     st.params = Data<T>(params);
     st.beta = Data<T>(beta);
+  });
+}
+
+// The scalars handler's body: argument checks, then `run(const ScalarsArgs<T>&)` for the dtype of sc (the host
+// loop over columns, or the CUDA launch).
+template <typename Run>
+ffi::Error ScalarsCall(ffi::AnyBuffer& sc, ffi::AnyBuffer& ints, ffi::AnyBuffer& neg_alpha, const ffi::AnyBuffer& beta,
+                       const ffi::AnyBuffer& params, const ffi::AnyBuffer& maxiter, const ffi::AnyBuffer& vb_partials,
+                       const ffi::AnyBuffer& x_partials, ffi::AnyBuffer& sc_out, ffi::AnyBuffer& ints_out,
+                       ffi::AnyBuffer& neg_alpha_out, Run&& run) {
+  auto args = CheckScalarsArgs(sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials, sc_out, ints_out,
+                               neg_alpha_out);
+  if (args.has_error()) return args.error();
+  return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(sc.element_type(), "sc", [&](auto tag) -> ffi::Error {
+    using T = ffi::NativeType<decltype(tag)::value>;
+    return run(args->Typed<T>());
   });
 }
 

@@ -11,6 +11,28 @@
 namespace jax_ops::lsmr {
 namespace {
 
+// The typed data pointers of an update's input and output buffers, and the update of one element.
+template <typename Update, typename T>
+struct TypedBuffers {
+  static constexpr int kOutN = Update::kOut > 0 ? Update::kOut : 1;
+  const T* in[Update::kIn];
+  T* out[kOutN];
+  TypedBuffers(const ffi::AnyBuffer* const* ins, ffi::AnyBuffer* const* outs) {
+    for (int k = 0; k < Update::kIn; ++k) in[k] = static_cast<const T*>(ins[k]->untyped_data());
+    for (int k = 0; k < Update::kOut; ++k) out[k] = static_cast<T*>(outs[k]->untyped_data());
+  }
+  // Update::Apply at element i with coefficients c; the squared norm input/output goes into `squares`.
+  template <typename Coef>
+  void ApplyAt(const Coef& c, int64_t i, CompensatedSum& squares) const {
+    T x[Update::kIn], y[kOutN];
+    for (int k = 0; k < Update::kIn; ++k) x[k] = in[k][i];
+    Update::Apply(c, x, y);
+    for (int k = 0; k < Update::kOut; ++k) out[k][i] = y[k];
+    if constexpr (Update::kNormOut >= 0) squares.Add(static_cast<double>(y[Update::kNormOut]) * y[Update::kNormOut]);
+    if constexpr (Update::kNormIn >= 0) squares.Add(static_cast<double>(x[Update::kNormIn]) * x[Update::kNormIn]);
+  }
+};
+
 // Runs Update over `shape` after the caller's checks (the CUDA handler's Launch, as plain loops). `ins`/`outs`/
 // `coefs` have Update::kIn/kOut/kCoef entries; `partials` is Update's partial-norm output (or null); fill_state
 // fills the ColumnState of a kCoefFromState update.
@@ -18,17 +40,13 @@ template <typename Update, typename FillState>
 ffi::Error RunRows(ffi::DataType dtype, const char* name, const RowShape& shape, const ffi::AnyBuffer* const* ins,
                    ffi::AnyBuffer* const* outs, const ffi::AnyBuffer* const* coefs, ffi::AnyBuffer* partials,
                    FillState fill_state) {
-  constexpr int kOutN = Update::kOut > 0 ? Update::kOut : 1;
   constexpr int kCoefN = Update::kCoef > 0 ? Update::kCoef : 1;
   constexpr bool kNorms = Update::kNormOut >= 0 || Update::kNormIn >= 0;
   const int64_t num_partials =
       partials != nullptr ? NormPartials(shape.n, dtype == ffi::DataType::F64 ? 8 : 4, Update::kUnroll) : 0;
   return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(dtype, name, [&](auto tag) -> ffi::Error {
     using T = ffi::NativeType<decltype(tag)::value>;
-    const T* in_ptr[Update::kIn];
-    T* out_ptr[kOutN];
-    for (int k = 0; k < Update::kIn; ++k) in_ptr[k] = static_cast<const T*>(ins[k]->untyped_data());
-    for (int k = 0; k < Update::kOut; ++k) out_ptr[k] = static_cast<T*>(outs[k]->untyped_data());
+    const TypedBuffers<Update, T> buf(ins, outs);
     ColumnState<T> state;
     fill_state(state);
     const int64_t rows = shape.rows, n = shape.n;  // locals: lets the compiler keep them in registers
@@ -49,14 +67,7 @@ ffi::Error RunRows(ffi::DataType dtype, const char* name, const RowShape& shape,
         const int64_t end = r * n + (num_partials ? (p + 1) * n / num_partials : n);
         CompensatedSum squares;
         for (int64_t i = begin; i < end; ++i) {
-          T in[Update::kIn], out[kOutN];
-          for (int k = 0; k < Update::kIn; ++k) in[k] = in_ptr[k][i];
-          Update::Apply(c, in, out);
-          for (int k = 0; k < Update::kOut; ++k) out_ptr[k][i] = out[k];
-          if constexpr (Update::kNormOut >= 0)
-            squares.Add(static_cast<double>(out[Update::kNormOut]) * out[Update::kNormOut]);
-          if constexpr (Update::kNormIn >= 0)
-            squares.Add(static_cast<double>(in[Update::kNormIn]) * in[Update::kNormIn]);
+          buf.ApplyAt(c, i, squares);
         }
         if (kNorms && part != nullptr) part[r * num_partials + p] = static_cast<T>(std::sqrt(squares.Value()));
       }
@@ -113,14 +124,10 @@ ffi::Error RunBlock(ffi::DataType dtype, const char* name, const BlockShape& sha
                     FillState fill_state) {
   if (!shape.columns)
     return RunRows<Update>(dtype, name, RowShape{shape.rows, shape.n}, ins, outs, nullptr, partials, fill_state);
-  constexpr int kOutN = Update::kOut > 0 ? Update::kOut : 1;
   constexpr int kCoefN = Update::kCoef > 0 ? Update::kCoef : 1;
   return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(dtype, name, [&](auto tag) -> ffi::Error {
     using T = ffi::NativeType<decltype(tag)::value>;
-    const T* in_ptr[Update::kIn];
-    T* out_ptr[kOutN];
-    for (int k = 0; k < Update::kIn; ++k) in_ptr[k] = static_cast<const T*>(ins[k]->untyped_data());
-    for (int k = 0; k < Update::kOut; ++k) out_ptr[k] = static_cast<T*>(outs[k]->untyped_data());
+    const TypedBuffers<Update, T> buf(ins, outs);
     ColumnState<T> state;
     fill_state(state);
     const int64_t cols = shape.cols, n = shape.n;
@@ -139,14 +146,7 @@ ffi::Error RunBlock(ffi::DataType dtype, const char* name, const BlockShape& sha
           CompensatedSum squares;
           for (int64_t r = p * per_part; r < std::min(n, (p + 1) * per_part); ++r) {
             const int64_t i = (b * n + r) * cols + col;
-            T in[Update::kIn], out[kOutN];
-            for (int k = 0; k < Update::kIn; ++k) in[k] = in_ptr[k][i];
-            Update::Apply(c, in, out);
-            for (int k = 0; k < Update::kOut; ++k) out_ptr[k][i] = out[k];
-            if constexpr (Update::kNormOut >= 0)
-              squares.Add(static_cast<double>(out[Update::kNormOut]) * out[Update::kNormOut]);
-            if constexpr (Update::kNormIn >= 0)
-              squares.Add(static_cast<double>(in[Update::kNormIn]) * in[Update::kNormIn]);
+            buf.ApplyAt(c, i, squares);
           }
           if (part != nullptr) part[row * num_partials + p] = static_cast<T>(std::sqrt(squares.Value()));
         }
@@ -185,17 +185,13 @@ ffi::Error ScalarsCpu(ffi::AnyBuffer sc, ffi::AnyBuffer ints, ffi::AnyBuffer neg
                       ffi::AnyBuffer params, ffi::AnyBuffer maxiter, ffi::AnyBuffer vb_partials,
                       ffi::AnyBuffer x_partials, ffi::Result<ffi::AnyBuffer> sc_out,
                       ffi::Result<ffi::AnyBuffer> ints_out, ffi::Result<ffi::AnyBuffer> neg_alpha_out) {
-  auto args = CheckScalarsArgs(sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials, *sc_out, *ints_out,
-                               *neg_alpha_out);
-  if (args.has_error()) return args.error();
-  return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(sc.element_type(), "sc", [&](auto tag) -> ffi::Error {
-    using T = ffi::NativeType<decltype(tag)::value>;
-    const ScalarsArgs<T> a = args->Typed<T>();
-    for (int64_t r = 0; r < a.rows; ++r)
-      LsmrScalarStep(a, r, SumOfSquaresHost(a.v_partials + r * a.num_v_partials, a.num_v_partials),
-                     SumOfSquaresHost(a.x_partials + r * a.num_x_partials, a.num_x_partials));
-    return ffi::Error::Success();
-  });
+  return ScalarsCall(sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials, *sc_out, *ints_out,
+                     *neg_alpha_out, [](const auto& a) -> ffi::Error {
+                       for (int64_t r = 0; r < a.rows; ++r)
+                         LsmrScalarStep(a, r, SumOfSquaresHost(a.v_partials + r * a.num_v_partials, a.num_v_partials),
+                                        SumOfSquaresHost(a.x_partials + r * a.num_x_partials, a.num_x_partials));
+                       return ffi::Error::Success();
+                     });
 }
 
 }  // namespace

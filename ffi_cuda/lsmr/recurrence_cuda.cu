@@ -134,14 +134,11 @@ ffi::Error ScalarsCuda(cudaStream_t stream, ffi::AnyBuffer sc, ffi::AnyBuffer in
                        ffi::AnyBuffer beta, ffi::AnyBuffer params, ffi::AnyBuffer maxiter, ffi::AnyBuffer vb_partials,
                        ffi::AnyBuffer x_partials, ffi::Result<ffi::AnyBuffer> sc_out,
                        ffi::Result<ffi::AnyBuffer> ints_out, ffi::Result<ffi::AnyBuffer> neg_alpha_out) {
-  auto args = CheckScalarsArgs(sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials, *sc_out, *ints_out,
-                               *neg_alpha_out);
-  if (args.has_error()) return args.error();
-  return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(sc.element_type(), "sc", [&](auto tag) -> ffi::Error {
-    using T = ffi::NativeType<decltype(tag)::value>;
-    JAX_OPS_RETURN_IF_CUDA_ERROR(LaunchScalars<T>(stream, args->Typed<T>()));
-    return ffi::Error::Success();
-  });
+  return ScalarsCall(sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials, *sc_out, *ints_out,
+                     *neg_alpha_out, [&](const auto& a) -> ffi::Error {
+                       JAX_OPS_RETURN_IF_CUDA_ERROR(LaunchScalars(stream, a));
+                       return ffi::Error::Success();
+                     });
 }
 
 }  // namespace
