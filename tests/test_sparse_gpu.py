@@ -130,6 +130,46 @@ def test_power_law_auto_dispatch(n):
     assert _rel(out, a.T @ u64) < 1e-5
 
 
+_FIRST_CUSPARSE_USE_IN_GRAPH = """
+import jax, jax.numpy as jnp, numpy as np, scipy.sparse as sp
+from jax.experimental import sparse as jsparse
+from jax_ops import sparse
+rng = np.random.default_rng(5)
+lens = np.full(3000, 6)
+lens[7] = 4000  # a straggler row: the split rule, so the cusparse plan
+indptr = np.concatenate([[0], np.cumsum(lens)])
+a = sp.csr_matrix((rng.standard_normal(indptr[-1]), rng.integers(0, 2500, indptr[-1]), indptr), shape=(3000, 2500))
+f32 = lambda v: jnp.asarray(v, jnp.float32)
+pair = sparse.csr_pair(jsparse.BCSR((f32(a.data), jnp.asarray(a.indices), jnp.asarray(a.indptr)), shape=a.shape))
+assert pair.plan.algorithm == "cusparse", pair.plan
+x = f32(rng.standard_normal(2500))
+# 16 dependent products, 8 per loop trip: XLA captures the trip as one CUDA graph, so the first cuSPARSE call of
+# this process runs inside a stream capture
+step = lambda i, y: pair.matvec(x, alpha=0.5, beta=0.25, y=y)
+y = jax.jit(lambda y: jax.lax.fori_loop(0, 16, step, y, unroll=8))(jnp.zeros(3000, jnp.float32))
+want = np.zeros(3000)
+ref = a.astype(np.float32).astype(np.float64) @ np.asarray(x, np.float64)
+for _ in range(16):
+    want = 0.5 * ref + 0.25 * want
+err = np.linalg.norm(np.asarray(y, np.float64) - want) / np.linalg.norm(want)
+assert err < 1e-5, err
+print("ok", err)
+"""
+
+
+def test_cusparse_plan_first_call_inside_cuda_graph():
+    """Regression: the first cuSPARSE call of a process inside a CUDA-graph capture (XLA command buffer) used to
+    fail in cusparseCreate (NOT_INITIALIZED); the handle is now created with the capture mode relaxed. A fresh
+    process, so no earlier test has created the handle."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", _FIRST_CUSPARSE_USE_IN_GRAPH], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0 and "ok" in run.stdout, run.stdout[-2000:] + run.stderr[-4000:]
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_small_cusparse_plan(dtype):
     """The cusparse plan (N = 1 on cuSPARSE's CSR_ALG2) on a ragged power-law matrix with empty rows: vs float64

@@ -1,10 +1,12 @@
-// Per-(device, stream) pools of cuBLASLt and cuSPARSE handles. Handles are created on first use and kept
-// for the life of the process (XLA reuses a few streams), so no handler creates one per call.
+// One cuBLASLt and one cuSPARSE handle per device, created on first use (also when that use is inside a CUDA-graph
+// capture) and kept for the life of the process, so no handler creates one per call.
 #pragma once
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <cusparse.h>
+
+#include <mutex>
 
 #include "common/cuda_helpers.h"
 
@@ -30,7 +32,12 @@ ffi::Error CusparseError(cusparseStatus_t status, const char* expr, const char* 
 // The cuBLASLt handle for the current device (the stream is passed to each cublasLtMatmul call).
 ffi::ErrorOr<cublasLtHandle_t> CublasLtHandleFor(cudaStream_t stream);
 
-// The cuSPARSE handle for (current device, stream), already bound to `stream`.
-ffi::ErrorOr<cusparseHandle_t> CusparseHandleFor(cudaStream_t stream);
+// The current device's cuSPARSE handle, bound to `stream` for as long as the lease lives (the lease holds the
+// handle's lock: handlers on other streams wait, so a handle never switches streams under a running call).
+struct CusparseLease {
+  std::unique_lock<std::mutex> lock;
+  cusparseHandle_t handle;
+};
+ffi::ErrorOr<CusparseLease> CusparseHandleFor(cudaStream_t stream);
 
 }  // namespace jax_ops

@@ -22,7 +22,7 @@ ffi::Error RuntimeInfoCuda(cudaStream_t stream, ffi::Result<InfoBuffer> out) {
   auto sp = CusparseHandleFor(stream);
   if (sp.has_error()) return sp.error();
   int cusparse_version = 0;
-  JAX_OPS_RETURN_IF_CUSPARSE_ERROR(cusparseGetVersion(*sp, &cusparse_version));
+  JAX_OPS_RETURN_IF_CUSPARSE_ERROR(cusparseGetVersion(sp->handle, &cusparse_version));
   int runtime_version = 0, driver_version = 0;
   JAX_OPS_RETURN_IF_CUDA_ERROR(cudaRuntimeGetVersion(&runtime_version));
   JAX_OPS_RETURN_IF_CUDA_ERROR(cudaDriverGetVersion(&driver_version));

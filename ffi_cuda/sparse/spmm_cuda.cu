@@ -55,8 +55,9 @@ struct CusparseDescrs {
 // workspace's zero). alpha/beta are device scalars (pointer mode device). Enqueues only: CUDA-graph safe.
 template <typename T>
 ffi::Error CusparseSpmv(cudaStream_t stream, const SpmmArgs<T, T>& a, ffi::AnyBuffer& ws) {
-  auto handle = CusparseHandleFor(stream);
-  if (handle.has_error()) return handle.error();
+  auto lease = CusparseHandleFor(stream);
+  if (lease.has_error()) return lease.error();
+  const cusparseHandle_t handle = lease->handle;
   constexpr cudaDataType kType = std::is_same_v<T, float> ? CUDA_R_32F : CUDA_R_64F;
   char* zero = static_cast<char*>(ws.untyped_data());
   const size_t bytes = static_cast<size_t>(a.m) * sizeof(T);
@@ -73,19 +74,19 @@ ffi::Error CusparseSpmv(cudaStream_t stream, const SpmmArgs<T, T>& a, ffi::AnyBu
       CUSPARSE_INDEX_32I, CUSPARSE_INDEX_32I, CUSPARSE_INDEX_BASE_ZERO, kType));
   JAX_OPS_RETURN_IF_CUSPARSE_ERROR(cusparseCreateDnVec(&d.x, a.k, const_cast<T*>(a.b), kType));
   JAX_OPS_RETURN_IF_CUSPARSE_ERROR(cusparseCreateDnVec(&d.y, a.m, a.out, kType));
-  JAX_OPS_RETURN_IF_CUSPARSE_ERROR(cusparseSetPointerMode(*handle, CUSPARSE_POINTER_MODE_DEVICE));
+  JAX_OPS_RETURN_IF_CUSPARSE_ERROR(cusparseSetPointerMode(handle, CUSPARSE_POINTER_MODE_DEVICE));
   constexpr auto kOp = CUSPARSE_OPERATION_NON_TRANSPOSE;
   constexpr auto kAlg = CUSPARSE_SPMV_CSR_ALG2;
   size_t need = 0;
   JAX_OPS_RETURN_IF_CUSPARSE_ERROR(
-      cusparseSpMV_bufferSize(*handle, kOp, a.alpha, d.a, d.x, beta, d.y, kType, kAlg, &need));
+      cusparseSpMV_bufferSize(handle, kOp, a.alpha, d.a, d.x, beta, d.y, kType, kAlg, &need));
   const size_t have = ws.size_bytes() - static_cast<size_t>(kCusparseZeroBytes);
   if (need > have)
     return ffi::Error::InvalidArgument("csr_spmm: the cusparse plan's workspace has " + std::to_string(have) +
                                        " bytes for cuSPARSE, which asks for " + std::to_string(need) +
                                        " (jax_ops.sparse._cusparse_ws_bytes is too small for this matrix)");
   JAX_OPS_RETURN_IF_CUSPARSE_ERROR(
-      cusparseSpMV(*handle, kOp, a.alpha, d.a, d.x, beta, d.y, kType, kAlg, zero + kCusparseZeroBytes));
+      cusparseSpMV(handle, kOp, a.alpha, d.a, d.x, beta, d.y, kType, kAlg, zero + kCusparseZeroBytes));
   return ffi::Error::Success();
 }
 
