@@ -27,6 +27,8 @@
 //            cuSPARSE; --slab: the slab kernels' ragged checks, then the two LSQ matrices (slab predicate: yes) and
 //            bundle-adjustment (predicate: no) only, Ax/Aᵀu by the dispatched plan and cuSPARSE and Aᵀu by the
 //            library's column-slab kernels (sparse/slab_spmv_kernels_impl.cuh) in the library's config (< 60 s).
+// SPMV_BENCH_ONCE=1: each timed candidate runs once (its times are meaningless), for ncu profiles of every kernel,
+//   e.g. ncu --clock-control none --section SpeedOfLight ... spmv_bench --tails.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cusparse.h>
@@ -47,7 +49,6 @@
 #include "sparse/spmm_kernels_impl.cuh"
 #include "tools/bench_check.h"
 #include "tools/lsmr_pass.cuh"
-#include "tools/merge_spmv.cuh"
 #include "tools/slab_host.h"
 
 using namespace jax_ops::sparse;
@@ -1579,191 +1580,6 @@ static int RunTails(int sms) {
   return 0;
 }
 
-// --sorted (experiment): power-law 1M Ax on a copy of the matrix whose rows are sorted by length (descending), so a
-// warp's rows have similar lengths. cuSPARSE and the dispatched plan on the original order, then on the sorted copy:
-// cuSPARSE, the split plan, and a hybrid (segment table of row-length classes over the short rows + split units
-// for the rows longer than 256). The un-permute (out[perm[i]] = tmp[i]) is timed on its own.
-static Csr SortedRows(const Csr& a, std::vector<int32_t>* perm) {
-  perm->resize(a.m);
-  std::iota(perm->begin(), perm->end(), 0);
-  auto len = [&](int32_t r) { return a.indptr[r + 1] - a.indptr[r]; };
-  std::stable_sort(perm->begin(), perm->end(), [&](int32_t x, int32_t y) { return len(x) > len(y); });
-  Csr s;
-  s.name = a.name + " sorted", s.m = a.m, s.k = a.k;
-  s.indptr.assign(a.m + 1, 0);
-  s.indices.reserve(a.nnz()), s.values.reserve(a.nnz());
-  for (int64_t i = 0; i < a.m; ++i) {
-    const int32_t r = (*perm)[i];
-    s.indices.insert(s.indices.end(), a.indices.begin() + a.indptr[r], a.indices.begin() + a.indptr[r + 1]);
-    s.values.insert(s.values.end(), a.values.begin() + a.indptr[r], a.values.begin() + a.indptr[r + 1]);
-    s.indptr[i + 1] = static_cast<int32_t>(s.indices.size());
-  }
-  return s;
-}
-
-__global__ void UnpermuteKernel(const float* __restrict__ in, const int32_t* __restrict__ perm, float* out,
-                                int64_t m) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < m; i += int64_t{gridDim.x} * blockDim.x)
-    out[perm[i]] = in[i];
-}
-
-// Segment table over sorted rows [first, M): a new segment where the row-length class changes; class G = the rule
-// of the row's length scaled by gmul (clamped to [1, 32]).
-static int64_t LengthClassTable(const Csr& h, int64_t first, double gmul, std::vector<int32_t>* table,
-                                std::vector<int32_t>* ptr) {
-  table->clear();
-  *ptr = {0};
-  auto cls = [&](int64_t r) {
-    return std::clamp(static_cast<int>(RuleGroup(double(h.indptr[r + 1] - h.indptr[r])) * gmul), 1, 32);
-  };
-  for (int64_t r = first; r < h.m;) {
-    const int g = cls(r);
-    int64_t e = r;
-    while (e < h.m && cls(e) == g) ++e;
-    table->insert(table->end(), {static_cast<int32_t>(r), static_cast<int32_t>(e), g});
-    const int64_t rpc = SegmentRowsPerCta(g);
-    ptr->push_back(static_cast<int32_t>(ptr->back() + std::max<int64_t>(1, (e - r + rpc - 1) / rpc)));
-    r = e;
-  }
-  return ptr->back();
-}
-
-// Merge-path coordinates on the host: entry t = the number of row ends among the first min(t * tile, M + nnz) path
-// items (what MergeSearchWarp finds on the device), t = 0 .. tiles.
-static std::vector<int32_t> MergeCoords(const Csr& h, int64_t tile) {
-  const int64_t total = h.m + h.nnz(), tiles = MergeTiles(h.m, h.nnz(), tile);
-  std::vector<int32_t> out(tiles + 1);
-  for (int64_t t = 0; t <= tiles; ++t) {
-    const int64_t d = std::min(t * tile, total);
-    int64_t lo = std::max<int64_t>(d - h.nnz(), 0), hi = std::min(d, h.m);
-    while (lo < hi) {
-      const int64_t mid = (lo + hi) / 2;
-      if (h.indptr[mid + 1] + mid < d)
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
-    out[t] = static_cast<int32_t>(lo);
-  }
-  return out;
-}
-
-// Merge-path SpMV (tools/merge_spmv.cuh) with the tile coordinates searched on the device or precomputed.
-static void MergeCandidates(Case& c, double ref_us) {
-  const Csr& h = *c.host;
-  for (int tw : {8, 1})
-    for (int ipt : {8, 16, 4}) {
-      const int64_t tile = int64_t{32} * tw * ipt;
-      const int64_t elems = MergeWorkspaceElems(h.m, h.nnz(), tile, 4);
-      float* ws;
-      CHECK(cudaMalloc(&ws, elems * 4));
-      const std::vector<int32_t> coords = MergeCoords(h, tile);
-      int32_t* d_coords;
-      CHECK(cudaMalloc(&d_coords, coords.size() * 4));
-      CHECK(cudaMemcpy(d_coords, coords.data(), coords.size() * 4, cudaMemcpyHostToDevice));
-      SpmmArgs<float, float> a = BaseArgs(c);
-      a.ws = ws, a.units = elems;
-      for (bool pre : {false, true}) {
-        const std::string nm = std::string(tw == 1 ? "merge warp" : "merge cta") + " ipt=" + std::to_string(ipt) +
-                               (pre ? " coords precomputed" : " coords searched");
-        Print(c, "Ax",
-              Measure(c, nm,
-                      [&] { CHECK((LaunchSpmvMerge<float, float>(nullptr, a, ipt, tw, pre ? d_coords : nullptr))); }),
-              ref_us);
-      }
-      cudaFree(ws), cudaFree(d_coords);
-    }
-}
-
-static int RunSorted(int sms) {
-  cusparseHandle_t handle;
-  CHECK_SP(cusparseCreate(&handle));
-  const Csr a = PowerLaw(1000000, 1000000);
-  {
-    Case c;
-    const Baseline b0 = StartCase(c, a, "Ax", handle, sms);
-    MergeCandidates(c, b0.cu.us);
-    FreeCase(c);
-  }
-  if (std::getenv("SPMV_BENCH_MERGE_ONLY")) {
-    for (const Csr& m : {Uniform(2000000, 2000000, 16), BundleAdjustment(1000000, 20000, 250000)}) {
-      Case c;
-      const Baseline b0 = StartCase(c, m, "Ax", handle, sms);
-      MergeCandidates(c, b0.cu.us);
-      FreeCase(c);
-    }
-    cusparseDestroy(handle);
-    return 0;
-  }
-  std::vector<int32_t> perm;
-  const Csr s = SortedRows(a, &perm);
-  Case c;
-  const Baseline base = StartCase(c, s, "Ax", handle, sms);
-  // the hybrid: split lists (rows > 256 are rows [0, L) here) + a length-class table over [L, M)
-  SetSplit(c, 256);
-  int64_t first = 0;
-  while (first < s.m && s.indptr[first + 1] - s.indptr[first] > 256) ++first;
-  for (double gmul : {1.0, 2.0, 0.5}) {
-    std::vector<int32_t> table, ptr;
-    const int64_t ctas = LengthClassTable(s, first, gmul, &table, &ptr);
-    int32_t *d_table, *d_ptr;
-    CHECK(cudaMalloc(&d_table, table.size() * 4));
-    CHECK(cudaMalloc(&d_ptr, ptr.size() * 4));
-    CHECK(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(d_ptr, ptr.data(), ptr.size() * 4, cudaMemcpyHostToDevice));
-    SpmmArgs<float, float> seg = BaseArgs(c);
-    seg.algorithm = kSegmented, seg.chunk = ctas, seg.num_long = static_cast<int64_t>(ptr.size()) - 1;
-    seg.long_rows = d_table, seg.long_ptr = d_ptr;
-    SpmmArgs<float, float> units = BaseArgs(c);
-    units.algorithm = kSplit, units.chunk = 256, units.num_long = c.num_long, units.units = c.units;
-    const unsigned ublocks = static_cast<unsigned>(std::max<int64_t>(1, (c.units * 32 + kThreads - 1) / kThreads));
-    const unsigned fblocks = static_cast<unsigned>(std::max<int64_t>(1, (c.num_long * 32 + kThreads - 1) / kThreads));
-    char nm[96];
-    std::snprintf(nm, sizeof nm, "hybrid classes Gx%.1f S=%zu + units(%lld)", gmul, ptr.size() - 1,
-                  (long long)c.units);
-    Print(c, "Ax",
-          Measure(c, nm,
-                  [&] {
-                    CHECK((LaunchOnSegments<float, float>(&SpmvSegmentedKernel<float, float>, nullptr, seg)));
-                    SpmvUnitKernel<float, float, false><<<ublocks, kThreads>>>(units);
-                    SpmvFixupKernel<float, float><<<fblocks, kThreads>>>(units);
-                  }),
-          base.cu.us);
-    std::snprintf(nm, sizeof nm, "units first, then classes Gx%.1f", gmul);
-    Print(c, "Ax",
-          Measure(c, nm,
-                  [&] {
-                    SpmvUnitKernel<float, float, false><<<ublocks, kThreads>>>(units);
-                    SpmvFixupKernel<float, float><<<fblocks, kThreads>>>(units);
-                    CHECK((LaunchOnSegments<float, float>(&SpmvSegmentedKernel<float, float>, nullptr, seg)));
-                  }),
-          base.cu.us);
-    cudaFree(d_table), cudaFree(d_ptr);
-  }
-  for (int g : {4, 8, 16}) {
-    SpmmArgs<float, float> sp = BaseArgs(c);
-    sp.algorithm = kSplit, sp.chunk = 256, sp.num_long = c.num_long, sp.units = c.units, sp.group = g;
-    Print(c, "Ax",
-          Measure(c, "split c=256 G=" + std::to_string(g) + " on sorted",
-                  [&] { CHECK((LaunchCsrSpmm<float, float>(nullptr, sp, false, sms))); }),
-          base.cu.us);
-  }
-  {
-    int32_t* d_perm;
-    float* tmp;
-    CHECK(cudaMalloc(&d_perm, s.m * 4));
-    CHECK(cudaMalloc(&tmp, s.m * 4));
-    CHECK(cudaMemcpy(d_perm, perm.data(), s.m * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemset(tmp, 0, s.m * 4));
-    const double us = MedianUs([&] { UnpermuteKernel<<<sms * 8, 256>>>(tmp, d_perm, c.y, s.m); }, 100);
-    std::printf("  un-permute of %lld rows alone: %.1f us\n", (long long)s.m, us);
-    cudaFree(d_perm), cudaFree(tmp);
-  }
-  FreeCase(c);
-  cusparseDestroy(handle);
-  return 0;
-}
-
 // --blocks: the blocks plan (R rows sharing a column list, stored once per block) on the bundle-adjustment
 // matrices, whose A has 2 rows per observation with one column list and whose Aᵀ has 9 camera / 3 point rows
 // with one list each (R = 3 divides both). cuSPARSE and the dispatched CSR plan first, then the blocks plan with
@@ -1927,11 +1743,10 @@ int main(int argc, char** argv) {
       return lsmr_block::Run(sms, csv);
     }
   bool small_only = false, quick = false, slab_only = false, lsmr_pass = false, tails = false, blocks = false,
-       blocks_small = false, sorted = false;
+       blocks_small = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tails")) tails = true;
     if (!std::strcmp(argv[i], "--blocks")) blocks = true;
-    if (!std::strcmp(argv[i], "--sorted")) sorted = true;
     if (!std::strcmp(argv[i], "--blocks-small")) blocks_small = true;
     if (!std::strcmp(argv[i], "--lsmr-pass")) lsmr_pass = true;
     if (!std::strcmp(argv[i], "--lsmr-ba")) g_sweep_split = true;
@@ -1945,7 +1760,6 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs, L2 %d MB\n", prop.name, sms, prop.l2CacheSize >> 20);
-  if (sorted) return RunSorted(sms);
   int fails = 0;
   if (!slab_only && !tails && !blocks && !blocks_small) {
     fails += SmallChecks<float, float>("f32", 1e-5, sms);
