@@ -599,23 +599,33 @@ def _block_positions(ip: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
     return bptr, pos
 
 
-def block_rows_host(indptr, indices) -> int:
-    """The largest R in [2, MAX_BLOCK_ROWS] such that rows R·b .. R·b + R - 1 hold the same column list (same length,
-    same columns in the same order) for every block b; 1 when no R does. Host (concrete arrays)."""
+# Blocks whose column lists block_rows_host compares first, so a matrix whose row lengths repeat but whose columns
+# do not (bundle adjustment's A at R = 4) is rejected without a pass over all its entries.
+_BLOCK_PROBE = 4096
+
+
+def block_rows_host(indptr, indices, min_rows: int = 2) -> int:
+    """The largest R in [max(2, min_rows), MAX_BLOCK_ROWS] such that rows R·b .. R·b + R - 1 hold the same column
+    list (same length, same columns in the same order) for every block b; 1 when no R does. Host (concrete
+    arrays)."""
     ip = np.asarray(indptr, np.int64)
     m = ip.shape[0] - 1
     lens = np.diff(ip)
     idx = None
-    for r in range(MAX_BLOCK_ROWS, 1, -1):
+
+    def same_columns(ptr, r):
+        cols = idx[_block_positions(ptr, r)[1]]
+        return bool((cols == cols[:, :1]).all())
+
+    for r in range(MAX_BLOCK_ROWS, max(2, min_rows) - 1, -1):
         if m <= 0 or m % r:
             continue
         lr = lens.reshape(-1, r)
         if not (lr == lr[:, :1]).all():
             continue
         idx = np.asarray(indices) if idx is None else idx
-        _, pos = _block_positions(ip, r)
-        cols = idx[pos]
-        if (cols == cols[:, :1]).all():
+        probe = min(m // r, _BLOCK_PROBE) * r  # rows of the first blocks
+        if same_columns(ip[: probe + 1], r) and (probe == m or same_columns(ip, r)):
             return r
     return 1
 
@@ -1270,7 +1280,7 @@ class CSRPair:
         min_rows = 2 if blocks else _BLOCKS_MIN_ROWS
 
         def blocks_of(ip, idx, vals):
-            r = block_rows_host(ip, idx) if blocks is not False and concrete and nnz > 0 else 1
+            r = block_rows_host(ip, idx, min_rows) if blocks is not False and concrete and nnz > 0 else 1
             return _build_blocks(ip, idx, vals, r) if r >= min_rows else None
 
         blocks_a = blocks_of(indptr, indices, values)

@@ -66,6 +66,22 @@ def test_block_rows_detection():
     idx[b.indptr[41] + 1] = (idx[b.indptr[41] + 1] + 1) % 300
     assert sparse.block_rows_host(b.indptr, idx) == 1
     assert sparse.block_rows_host(np.zeros(1, np.int32), np.zeros(0, np.int32)) == 1
+    # min_rows: only R >= min_rows is looked for (the auto rule passes 3)
+    assert sparse.block_rows_host(a.indptr, a.indices, 3) == 1
+    assert sparse.block_rows_host(at.indptr, at.indices, 3) == 3
+    assert sparse.block_rows_host(at.indptr, at.indices, 4) == 1
+
+
+def test_block_rows_detection_past_the_probe(monkeypatch):
+    """The first blocks are compared first (a quick reject); a mismatch after them still rejects R."""
+    monkeypatch.setattr(sparse, "_BLOCK_PROBE", 8)
+    b = _blocked(50, 300, 4, 3)
+    assert sparse.block_rows_host(b.indptr, b.indices) == 4
+    for block in (2, 20, 49):  # inside the probe, after it, the last block
+        idx = b.indices.copy()
+        row = 4 * block + 3
+        idx[b.indptr[row]] = (idx[b.indptr[row]] + 1) % 300
+        assert sparse.block_rows_host(b.indptr, idx) == 1, block
 
 
 def test_blocks_format(x64):
