@@ -190,12 +190,8 @@ ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
 }  // namespace
 }  // namespace jax_ops::attention
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxOpsAttentionFwdCuda, jax_ops::attention::AttentionFwdCuda,
-    JAX_OPS_ATTENTION_FWD_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
-    {xla::ffi::Traits::kCmdBufferCompatible});
+JAX_OPS_DEFINE_CUDA_HANDLER(JaxOpsAttentionFwdCuda, jax_ops::attention::AttentionFwdCuda,
+                            JAX_OPS_ATTENTION_FWD_BINDING);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxOpsAttentionBwdCuda, jax_ops::attention::AttentionBwdCuda,
-    JAX_OPS_ATTENTION_BWD_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
-    {xla::ffi::Traits::kCmdBufferCompatible});
+JAX_OPS_DEFINE_CUDA_HANDLER(JaxOpsAttentionBwdCuda, jax_ops::attention::AttentionBwdCuda,
+                            JAX_OPS_ATTENTION_BWD_BINDING);

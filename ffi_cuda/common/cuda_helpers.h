@@ -27,6 +27,14 @@ inline ffi::Error CudaError(cudaError_t err, const char* expr, const char* where
 // After every kernel launch: configuration errors surface here (never synchronises).
 #define JAX_OPS_RETURN_IF_LAUNCH_ERROR() JAX_OPS_RETURN_IF_CUDA_ERROR(cudaGetLastError())
 
+// Defines the exported CUDA handler SYMBOL for FN: BINDING is the family's binding macro (its arguments after the
+// stream, shared with the CPU twin), the stream comes first, and the handler only enqueues work, so XLA may put it
+// in a command buffer (CUDA graph).
+#define JAX_OPS_DEFINE_CUDA_HANDLER(SYMBOL, FN, BINDING)                                                          \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(SYMBOL, FN,                                                                       \
+                                BINDING(::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()), \
+                                {::xla::ffi::Traits::kCmdBufferCompatible})
+
 struct DeviceProps {
   int device = -1;
   int sm_count = 0;

@@ -144,37 +144,18 @@ ffi::Error ScalarsCuda(cudaStream_t stream, ffi::AnyBuffer sc, ffi::AnyBuffer in
 }  // namespace
 }  // namespace jax_ops::lsmr
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxOpsLsmrHbarXCuda, jax_ops::lsmr::HbarXCuda,
-    JAX_OPS_LSMR_HBAR_X_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
-    {xla::ffi::Traits::kCmdBufferCompatible});
+JAX_OPS_DEFINE_CUDA_HANDLER(JaxOpsLsmrHbarXCuda, jax_ops::lsmr::HbarXCuda, JAX_OPS_LSMR_HBAR_X_BINDING);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxOpsLsmrHCuda, jax_ops::lsmr::HCuda,
-    JAX_OPS_LSMR_H_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
-    {xla::ffi::Traits::kCmdBufferCompatible});
+JAX_OPS_DEFINE_CUDA_HANDLER(JaxOpsLsmrHCuda, jax_ops::lsmr::HCuda, JAX_OPS_LSMR_H_BINDING);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxOpsLsmrStepCuda, jax_ops::lsmr::StepCuda,
-    JAX_OPS_LSMR_STEP_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
-    {xla::ffi::Traits::kCmdBufferCompatible});
+JAX_OPS_DEFINE_CUDA_HANDLER(JaxOpsLsmrStepCuda, jax_ops::lsmr::StepCuda, JAX_OPS_LSMR_STEP_BINDING);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxOpsLsmrPartialNormsCuda, jax_ops::lsmr::PartialNormsCuda,
-    JAX_OPS_LSMR_PARTIAL_NORMS_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
-    {xla::ffi::Traits::kCmdBufferCompatible});
+JAX_OPS_DEFINE_CUDA_HANDLER(JaxOpsLsmrPartialNormsCuda, jax_ops::lsmr::PartialNormsCuda,
+                            JAX_OPS_LSMR_PARTIAL_NORMS_BINDING);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxOpsLsmrNormalizeCuda, jax_ops::lsmr::NormalizeCuda,
-    JAX_OPS_LSMR_NORMALIZE_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
-    {xla::ffi::Traits::kCmdBufferCompatible});
+JAX_OPS_DEFINE_CUDA_HANDLER(JaxOpsLsmrNormalizeCuda, jax_ops::lsmr::NormalizeCuda, JAX_OPS_LSMR_NORMALIZE_BINDING);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxOpsLsmrIterationStepCuda, jax_ops::lsmr::IterationStepCuda,
-    JAX_OPS_LSMR_ITERATION_STEP_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
-    {xla::ffi::Traits::kCmdBufferCompatible});
+JAX_OPS_DEFINE_CUDA_HANDLER(JaxOpsLsmrIterationStepCuda, jax_ops::lsmr::IterationStepCuda,
+                            JAX_OPS_LSMR_ITERATION_STEP_BINDING);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxOpsLsmrScalarsCuda, jax_ops::lsmr::ScalarsCuda,
-    JAX_OPS_LSMR_SCALARS_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
-    {xla::ffi::Traits::kCmdBufferCompatible});
+JAX_OPS_DEFINE_CUDA_HANDLER(JaxOpsLsmrScalarsCuda, jax_ops::lsmr::ScalarsCuda, JAX_OPS_LSMR_SCALARS_BINDING);

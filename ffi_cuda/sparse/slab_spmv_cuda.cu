@@ -36,7 +36,4 @@ ffi::Error SlabSpmvCuda(cudaStream_t stream, ffi::AnyBuffer ptr, ffi::AnyBuffer 
 }  // namespace
 }  // namespace jax_ops::sparse
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxOpsSparseSlabSpmvCuda, jax_ops::sparse::SlabSpmvCuda,
-    JAX_OPS_SLAB_SPMV_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
-    {xla::ffi::Traits::kCmdBufferCompatible});
+JAX_OPS_DEFINE_CUDA_HANDLER(JaxOpsSparseSlabSpmvCuda, jax_ops::sparse::SlabSpmvCuda, JAX_OPS_SLAB_SPMV_BINDING);

@@ -119,7 +119,4 @@ ffi::Error CsrSpmmCuda(cudaStream_t stream, ffi::AnyBuffer indptr, ffi::AnyBuffe
 }  // namespace
 }  // namespace jax_ops::sparse
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxOpsSparseCsrSpmmCuda, jax_ops::sparse::CsrSpmmCuda,
-    JAX_OPS_CSR_SPMM_BINDING(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<cudaStream_t>>()),
-    {xla::ffi::Traits::kCmdBufferCompatible});
+JAX_OPS_DEFINE_CUDA_HANDLER(JaxOpsSparseCsrSpmmCuda, jax_ops::sparse::CsrSpmmCuda, JAX_OPS_CSR_SPMM_BINDING);
