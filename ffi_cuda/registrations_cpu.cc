@@ -1,4 +1,5 @@
-// The CPU module: registrations() returns {target name: handler capsule} for platform "cpu".
+// The CPU module: registrations() returns {target name: handler capsule} for platform "cpu"; constants()
+// returns the facts Python and C++ share ({"<family>_<name>": value}), so Python never retypes them.
 #include <nanobind/nanobind.h>
 
 #include "common/registration.h"
@@ -32,5 +33,17 @@ NB_MODULE(_jax_ops_cpu, m) {
     targets["jax_ops_attention_fwd"] = jax_ops::HandlerCapsule(JaxOpsAttentionFwdCpu);
     targets["jax_ops_attention_bwd"] = jax_ops::HandlerCapsule(JaxOpsAttentionBwdCpu);
     return targets;
+  });
+  m.def("constants", []() {
+    nb::dict constants;
+    // One line per shared fact, grouped by family: constants["<family>_<name>"] = <C++ constant>;
+
+    // attention
+
+    // sparse
+
+    // lsmr
+
+    return constants;
   });
 }

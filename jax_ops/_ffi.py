@@ -107,6 +107,17 @@ def ensure_registered() -> tuple[str, ...]:
         return _registered_platforms
 
 
+@functools.cache
+def constants() -> dict[str, int | tuple[int, ...]]:
+    """The facts the native code and Python share (tile caps, supported head dims, scalar orders), read from the
+    CPU module (always built; its constants are the same headers the CUDA module compiles): ``{"<family>_<name>":
+    value}``. Python never retypes a native constant."""
+    return {
+        name: tuple(value) if isinstance(value, (list, tuple)) else value
+        for name, value in _cpu_module().constants().items()
+    }
+
+
 def target_names(platform: str) -> list[str]:
     """Names of the targets the build provides for ``platform`` ("cpu" or "CUDA")."""
     if platform == "cpu":

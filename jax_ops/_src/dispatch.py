@@ -1,0 +1,56 @@
+"""One ``implementation=`` vocabulary for every family, and the one place that picks a backend.
+
+``None`` picks the fastest correct path for the platform (the family says which one that is on the CPU),
+``"ffi"`` forces our kernel (the CUDA kernel on a GPU, the CPU twin on the CPU) and raises when it cannot run the
+inputs, ``"xla"`` forces the plain jax.numpy reference.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+
+IMPLEMENTATIONS = (None, "ffi", "xla")
+
+_warned: set[tuple[str, str]] = set()
+
+
+def check_implementation(implementation: str | None) -> None:
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
+
+
+def platform() -> str:
+    """The platform traced code runs on: "gpu" or "cpu" (JAX's default backend)."""
+    return "gpu" if jax.default_backend() in ("gpu", "cuda", "rocm") else "cpu"
+
+
+def choose(
+    op: str,
+    implementation: str | None,
+    *,
+    unsupported: str | None = None,
+    default_on_cpu: str = "ffi",
+) -> str:
+    """Returns "ffi" or "xla" for one call of ``op``.
+
+    ``unsupported``: why the kernel cannot run these inputs (None when it can). With ``implementation=None``
+    that falls back to XLA with a one-time warning naming the reason; with ``"ffi"`` it raises ``ValueError``.
+    ``default_on_cpu``: what ``None`` runs on the CPU when the kernel could run ("xla" where XLA's CPU code is
+    faster than the single-threaded CPU twin).
+    """
+    check_implementation(implementation)
+    if implementation == "xla":
+        return "xla"
+    if unsupported is not None:
+        if implementation == "ffi":
+            raise ValueError(f"{op}: implementation='ffi' cannot run these inputs: {unsupported}")
+        key = (op, unsupported)
+        if key not in _warned:
+            _warned.add(key)
+            warnings.warn(f"{op}: running the XLA reference path ({unsupported})", stacklevel=3)
+        return "xla"
+    if implementation is None and platform() == "cpu":
+        return default_on_cpu
+    return "ffi"
