@@ -2,6 +2,8 @@
 // returns the facts Python and C++ share ({"<family>_<name>": value}), so Python never retypes them.
 #include <nanobind/nanobind.h>
 
+#include "attention/instantiations/support.h"
+#include "attention/params.h"
 #include "common/registration.h"
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHbarXCpu);
@@ -39,6 +41,20 @@ NB_MODULE(_jax_ops_cpu, m) {
     // One line per shared fact, grouped by family: constants["<family>_<name>"] = <C++ constant>;
 
     // attention
+    constants["attention_max_head_dim"] = jax_ops::attention::kMaxHeadDim;
+    {
+      namespace at = jax_ops::attention;
+      auto list = [](const auto& values) {
+        nb::list out;
+        for (const auto& v : values) out.append(v);
+        return out;
+      };
+      constants["attention_cuda_dtypes"] = list(at::kCudaDTypeNames);
+      constants["attention_cuda_fwd_head_dims"] = list(at::kFwdHeadDims);
+      constants["attention_cuda_bwd_head_dims"] = list(at::kBwdHeadDims);
+      constants["attention_cuda_sm90_fwd_head_dims"] = list(at::kSm90FwdHeadDims);
+      constants["attention_cuda_sm90_bwd_head_dims"] = list(at::kSm90BwdHeadDims);
+    }
 
     // sparse
 

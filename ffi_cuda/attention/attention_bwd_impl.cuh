@@ -1,5 +1,5 @@
 // FlashAttention backward with mma.sync m16n8k16 (portable sm_80+ path). Included once per (dtype, head dim) by
-// attention_bwd_kernels_<dtype>_hd<D>.cu. Deterministic: no atomics; each output element has one owner.
+// instantiations/bwd_<dtype>_hd<D>.cu. Deterministic: no atomics; each output element has one owner.
 //
 //   DkDvKernel: CTA = 64 keys of one (batch, kv head); each warp owns 16 keys. It loops over the G query heads of
 //     the group and over the query blocks that can see its keys, recomputing S^T = K Q^T and P^T = exp(S^T - lse)

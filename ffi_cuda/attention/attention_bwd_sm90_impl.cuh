@@ -1,5 +1,5 @@
 // FlashAttention backward for Hopper (sm_90a): TMA + mbarrier pipelines, wgmma, warp specialisation.
-// Included once per (dtype, head dim) by attention_bwd_sm90_kernels_<dtype>_hd<D>.cu; head dims 64 and 128.
+// Included once per (dtype, head dim) by instantiations/bwd_sm90_<dtype>_hd<D>.cu; head dims 64 and 128.
 // Deterministic (no atomics; each output element has one owner) and with the semantics of the portable backward
 // (attention_bwd_impl.cuh): position masks applied before the exponential, empty rows contribute nothing.
 //
@@ -890,24 +890,9 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   return cudaGetLastError();
 }
 
-// JAX_OPS_ATTENTION_BWD_CLUSTER (read once per process), the dK/dV cluster size J for GQA: unset, empty or "auto"
-// = Sm90BwdDkDvCluster's rule (the default; returned as -1); "0", "off" or "1" = J = 1 (returned as 1); "2" / "4"
-// = that J wherever it divides the group, the rule elsewhere. Any other value: the rule.
-inline int Sm90BwdClusterSetting() {
-  static const int setting = [] {
-    const char* e = std::getenv("JAX_OPS_ATTENTION_BWD_CLUSTER");
-    if (e == nullptr) return -1;
-    if (!std::strcmp(e, "0") || !std::strcmp(e, "off") || !std::strcmp(e, "1")) return 1;
-    if (!std::strcmp(e, "2")) return 2;
-    if (!std::strcmp(e, "4")) return 4;
-    return -1;
-  }();
-  return setting;
-}
-
-// The default tiling with the dK/dV cluster size `setting` (Sm90BwdClusterSetting's values: -1 = the rule, 1, 2
-// or 4); num_sms as LaunchAttentionBwdSm90's. A cluster variant that refuses (before launching anything: no
-// cluster fits on this device) falls back to J = 1.
+// The default tiling with the dK/dV cluster size `setting` (the bwd_cluster attribute: -1 = the rule, 1, 2 or 4);
+// num_sms as LaunchAttentionBwdSm90's. A cluster variant that refuses (before launching anything: no cluster fits on
+// this device) falls back to J = 1.
 template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionBwdSm90Cluster(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                           const BwdPointers& bp, int setting, int num_sms = 0) {
@@ -938,12 +923,12 @@ cudaError_t LaunchAttentionBwdSm90Cluster(cudaStream_t stream, const AttentionPa
 
 template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionBwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
-                                   const BwdPointers& bp, int num_sms) {
-  return LaunchAttentionBwdSm90Cluster<T, kHeadDim>(stream, p, ptr, bp, Sm90BwdClusterSetting(), num_sms);
+                                   const BwdPointers& bp, int cluster, int num_sms) {
+  return LaunchAttentionBwdSm90Cluster<T, kHeadDim>(stream, p, ptr, bp, cluster, num_sms);
 }
 
 #define JAX_OPS_INSTANTIATE_ATTENTION_BWD_SM90(T, D)                                                          \
   template cudaError_t LaunchAttentionBwdSm90<T, D>(cudaStream_t, const AttentionParams&, const FwdPointers&, \
-                                                    const BwdPointers&, int);
+                                                    const BwdPointers&, int, int);
 
 }  // namespace jax_ops::attention

@@ -1,4 +1,4 @@
-// CPU twin of the attention targets (contract in attention_params.h): a blocked online-softmax forward and a
+// CPU twin of the attention targets (contract in params.h): a blocked online-softmax forward and a
 // recompute-P backward, fp32 math for every input dtype. Single-threaded and meant for correctness, not speed.
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,8 @@
 #include <limits>
 #include <vector>
 
-#include "attention/attention_params.h"
+#include "attention/bindings.h"
+#include "attention/params.h"
 
 namespace jax_ops::attention {
 namespace {
@@ -143,8 +144,8 @@ struct Inputs {
 ffi::Error AttentionFwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
                            ffi::AnyBuffer mask, ffi::AnyBuffer q_seqlen, ffi::AnyBuffer kv_seqlen, float scale,
                            bool is_causal, int64_t window_left, int64_t window_right, bool has_bias, bool has_mask,
-                           bool has_q_seqlen, bool has_kv_seqlen, ffi::Result<ffi::AnyBuffer> o,
-                           ffi::Result<ffi::AnyBuffer> lse) {
+                           bool has_q_seqlen, bool has_kv_seqlen, bool /*portable*/, int64_t /*fwd_persistent*/,
+                           ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse) {
   auto params = CheckAttentionArgs(q, k, v, bias, mask, q_seqlen, kv_seqlen, scale, is_causal, window_left,
                                    window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen);
   if (params.has_error()) return params.error();
@@ -206,8 +207,9 @@ ffi::Error AttentionBwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                            ffi::AnyBuffer mask, ffi::AnyBuffer q_seqlen, ffi::AnyBuffer kv_seqlen, ffi::AnyBuffer o,
                            ffi::AnyBuffer lse, ffi::AnyBuffer d_o, float scale, bool is_causal, int64_t window_left,
                            int64_t window_right, bool has_bias, bool has_mask, bool has_q_seqlen, bool has_kv_seqlen,
-                           ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                           ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dbias) {
+                           bool /*portable*/, int64_t /*bwd_cluster*/, ffi::Result<ffi::AnyBuffer> dq,
+                           ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                           ffi::Result<ffi::AnyBuffer> dbias) {
   auto params = CheckAttentionArgs(q, k, v, bias, mask, q_seqlen, kv_seqlen, scale, is_causal, window_left,
                                    window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen);
   if (params.has_error()) return params.error();

@@ -1,14 +1,16 @@
-// CUDA FFI handler of jax_ops_attention_fwd: decode, validate (the contract's shared checks), dispatch on dtype
-// and head dim, launch. float32 and head dims outside {32, 64, 96, 128, 256} have no CUDA kernel: the handler
-// refuses them and jax_ops.dot_product_attention routes them to its documented fallback before lowering.
+// CUDA FFI handlers of jax_ops_attention_fwd / _bwd: decode, validate (the contract's shared checks), dispatch on
+// dtype and head dim (heuristics.h), launch. float32 and head dims the build does not instantiate
+// (instantiations/support.h) have no CUDA kernel: the handler refuses them and jax_ops.dot_product_attention
+// routes them to its documented fallback before lowering.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "attention/attention_kernels.h"
-#include "attention/attention_params.h"
+#include "attention/bindings.h"
+#include "attention/heuristics.h"
+#include "attention/params.h"
 #include "common/cuda_helpers.h"
 
 namespace jax_ops::attention {
@@ -54,21 +56,12 @@ ffi::Error WithHalfType(ffi::DataType dtype, Launch&& launch) {
       });
 }
 
-// JAX_OPS_ATTENTION_PORTABLE=1 forces the portable kernels, forward and backward (the tests run both paths).
-bool PortableForced() {
-  const char* portable = std::getenv("JAX_OPS_ATTENTION_PORTABLE");
-  return portable && std::string(portable) == "1";
-}
-
-// JAX_OPS_ATTENTION_FWD_PERSISTENT=1 / =0 forces the persistent Hopper forward on / off for the whole process (read
-// once, unlike JAX_OPS_ATTENTION_PORTABLE); unset or any other value: Sm90FwdUsePersistent decides per shape.
-int FwdPersistentForced() {
-  static const int forced = [] {
-    const char* env = std::getenv("JAX_OPS_ATTENTION_FWD_PERSISTENT");
-    const std::string v = env ? env : "";
-    return v == "1" ? 1 : v == "0" ? 0 : -1;
-  }();
-  return forced;
+// "32, 64, ..." for the handlers' messages.
+template <size_t N>
+std::string DimsList(const int64_t (&dims)[N]) {
+  std::string out;
+  for (int64_t d : dims) out += (out.empty() ? "" : ", ") + std::to_string(d);
+  return out;
 }
 
 template <typename T, bool kPersistent>
@@ -78,32 +71,26 @@ cudaError_t LaunchSm90Fwd(cudaStream_t stream, const AttentionParams& p, const F
              : LaunchAttentionFwdSm90<T, 128, kSm90FwdStages, 0, 128, kPersistent>(stream, p, ptr, num_sms);
 }
 
-// The Hopper kernel where it applies (Sm90FwdSupports), persistent or one CTA per block by Sm90FwdUsePersistent,
-// else the portable mma.sync kernel. The Hopper launcher refuses before launching when the build has no sm_90a
+// The Hopper kernel where it applies (UseSm90Fwd), persistent or one CTA per block (FwdPersistent), else the
+// portable mma.sync kernel. The Hopper launcher refuses before launching when the build has no sm_90a
 // code or a TMA tensor map cannot be encoded (the persistent one also past 2^30 blocks, reachable only when
 // forced): the next kernel in that order then runs instead.
 template <typename T>
 cudaError_t LaunchForHeadDim(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
-                             const DeviceProps& dev) {
-  if (Sm90FwdSupports(p, dev.cc_major, dev.cc_minor) && !PortableForced()) {
-    const int forced = FwdPersistentForced();
-    const bool persistent = forced >= 0 ? forced == 1 : Sm90FwdUsePersistent(p, dev.sm_count);
+                             const DeviceProps& dev, bool portable, int64_t fwd_persistent) {
+  if (UseSm90Fwd(p, dev.cc_major, dev.cc_minor, portable)) {
+    const bool persistent = FwdPersistent(p, dev.sm_count, fwd_persistent);
     cudaError_t err = kSm90Refused;
     if (persistent) err = LaunchSm90Fwd<T, true>(stream, p, ptr, dev.sm_count);
     if (err == kSm90Refused) err = LaunchSm90Fwd<T, false>(stream, p, ptr, 0);
     if (err != kSm90Refused) return err;
   }
   switch (p.head_dim) {
-    case 32:
-      return LaunchAttentionFwd<T, 32>(stream, p, ptr);
-    case 64:
-      return LaunchAttentionFwd<T, 64>(stream, p, ptr);
-    case 96:
-      return LaunchAttentionFwd<T, 96>(stream, p, ptr);
-    case 128:
-      return LaunchAttentionFwd<T, 128>(stream, p, ptr);
-    case 256:
-      return LaunchAttentionFwd<T, 256>(stream, p, ptr);
+#define JAX_OPS_CASE(D) \
+  case D:               \
+    return LaunchAttentionFwd<T, D>(stream, p, ptr);
+    JAX_OPS_ATTENTION_FWD_HEAD_DIMS(JAX_OPS_CASE)
+#undef JAX_OPS_CASE
     default:
       return cudaErrorInvalidValue;  // unreachable: checked by the handler
   }
@@ -112,45 +99,43 @@ cudaError_t LaunchForHeadDim(cudaStream_t stream, const AttentionParams& p, cons
 ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                             ffi::AnyBuffer bias, ffi::AnyBuffer mask, ffi::AnyBuffer q_seqlen, ffi::AnyBuffer kv_seqlen,
                             float scale, bool is_causal, int64_t window_left, int64_t window_right, bool has_bias,
-                            bool has_mask, bool has_q_seqlen, bool has_kv_seqlen, ffi::Result<ffi::AnyBuffer> o,
-                            ffi::Result<ffi::AnyBuffer> lse) {
+                            bool has_mask, bool has_q_seqlen, bool has_kv_seqlen, bool portable, int64_t fwd_persistent,
+                            ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse) {
   auto params = CheckAttentionArgs(q, k, v, bias, mask, q_seqlen, kv_seqlen, scale, is_causal, window_left,
                                    window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen);
   if (params.has_error()) return params.error();
   const AttentionParams& p = *params;
   JAX_OPS_RETURN_IF_ERROR(CheckFwdOutputs(p, *o, *lse));
   const int64_t hd = p.head_dim;
-  JAX_OPS_CHECK_ARG(hd == 32 || hd == 64 || hd == 96 || hd == 128 || hd == 256,
-                    "the CUDA attention kernel supports head dims 32, 64, 96, 128, 256; got " << hd);
+  JAX_OPS_CHECK_ARG(FwdHeadDimSupported(hd),
+                    "the CUDA attention kernel supports head dims " << DimsList(kFwdHeadDims) << "; got " << hd);
   JAX_OPS_RETURN_IF_ERROR(CheckGridLimits(p));
   auto dev = CurrentDeviceProps();
   if (dev.has_error()) return dev.error();
   FwdPointers ptr = InputPointers(q, k, v, bias, mask, q_seqlen, kv_seqlen);
   ptr.o = o->untyped_data();
   ptr.lse = static_cast<float*>(lse->untyped_data());
-  return WithHalfType(p.dtype,
-                      [&](auto tag) { return LaunchForHeadDim<typename decltype(tag)::type>(stream, p, ptr, **dev); });
+  return WithHalfType(p.dtype, [&](auto tag) {
+    return LaunchForHeadDim<typename decltype(tag)::type>(stream, p, ptr, **dev, portable, fwd_persistent);
+  });
 }
 
-// As the forward: the Hopper kernels where they apply (Sm90BwdSupports) unless refused or overridden, else the
-// portable ones.
+// As the forward: the Hopper kernels where they apply (UseSm90Bwd) unless refused, else the portable ones.
 template <typename T>
 cudaError_t LaunchBwdForHeadDim(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
-                                const BwdPointers& bp, const DeviceProps& dev) {
-  if (Sm90BwdSupports(p, dev.cc_major, dev.cc_minor) && !PortableForced()) {
-    const cudaError_t err = p.head_dim == 64 ? LaunchAttentionBwdSm90<T, 64>(stream, p, ptr, bp, dev.sm_count)
-                                             : LaunchAttentionBwdSm90<T, 128>(stream, p, ptr, bp, dev.sm_count);
+                                const BwdPointers& bp, const DeviceProps& dev, bool portable, int bwd_cluster) {
+  if (UseSm90Bwd(p, dev.cc_major, dev.cc_minor, portable)) {
+    const cudaError_t err = p.head_dim == 64
+                                ? LaunchAttentionBwdSm90<T, 64>(stream, p, ptr, bp, bwd_cluster, dev.sm_count)
+                                : LaunchAttentionBwdSm90<T, 128>(stream, p, ptr, bp, bwd_cluster, dev.sm_count);
     if (err != kSm90Refused) return err;
   }
   switch (p.head_dim) {
-    case 32:
-      return LaunchAttentionBwd<T, 32>(stream, p, ptr, bp);
-    case 64:
-      return LaunchAttentionBwd<T, 64>(stream, p, ptr, bp);
-    case 96:
-      return LaunchAttentionBwd<T, 96>(stream, p, ptr, bp);
-    case 128:
-      return LaunchAttentionBwd<T, 128>(stream, p, ptr, bp);
+#define JAX_OPS_CASE(D) \
+  case D:               \
+    return LaunchAttentionBwd<T, D>(stream, p, ptr, bp);
+    JAX_OPS_ATTENTION_BWD_HEAD_DIMS(JAX_OPS_CASE)
+#undef JAX_OPS_CASE
     default:
       return cudaErrorInvalidValue;  // unreachable: checked by the handler
   }
@@ -162,8 +147,9 @@ ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
                             ffi::AnyBuffer bias, ffi::AnyBuffer mask, ffi::AnyBuffer q_seqlen, ffi::AnyBuffer kv_seqlen,
                             ffi::AnyBuffer o, ffi::AnyBuffer lse, ffi::AnyBuffer d_o, float scale, bool is_causal,
                             int64_t window_left, int64_t window_right, bool has_bias, bool has_mask, bool has_q_seqlen,
-                            bool has_kv_seqlen, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                            ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> dbias) {
+                            bool has_kv_seqlen, bool portable, int64_t bwd_cluster, ffi::Result<ffi::AnyBuffer> dq,
+                            ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                            ffi::Result<ffi::AnyBuffer> dbias) {
   auto params = CheckAttentionArgs(q, k, v, bias, mask, q_seqlen, kv_seqlen, scale, is_causal, window_left,
                                    window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen);
   if (params.has_error()) return params.error();
@@ -173,8 +159,8 @@ ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
                     "the CUDA attention backward has no bias gradient (jax_ops uses the reference "
                     "backward when a bias is given)");
   const int64_t hd = p.head_dim;
-  JAX_OPS_CHECK_ARG(hd == 32 || hd == 64 || hd == 96 || hd == 128,
-                    "the CUDA attention backward supports head dims 32, 64, 96, 128; got " << hd);
+  JAX_OPS_CHECK_ARG(BwdHeadDimSupported(hd),
+                    "the CUDA attention backward supports head dims " << DimsList(kBwdHeadDims) << "; got " << hd);
   JAX_OPS_RETURN_IF_ERROR(CheckGridLimits(p));
   auto dev = CurrentDeviceProps();
   if (dev.has_error()) return dev.error();
@@ -183,8 +169,10 @@ ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
                  d_o.untyped_data(), dq->untyped_data(),
                  dk->untyped_data(), dv->untyped_data()};
   JAX_OPS_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(dbias->untyped_data(), 0, dbias->size_bytes(), stream));
-  return WithHalfType(
-      p.dtype, [&](auto tag) { return LaunchBwdForHeadDim<typename decltype(tag)::type>(stream, p, ptr, bp, **dev); });
+  return WithHalfType(p.dtype, [&](auto tag) {
+    return LaunchBwdForHeadDim<typename decltype(tag)::type>(stream, p, ptr, bp, **dev, portable,
+                                                             static_cast<int>(bwd_cluster));
+  });
 }
 
 }  // namespace

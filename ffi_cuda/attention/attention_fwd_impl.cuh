@@ -1,5 +1,5 @@
 // FlashAttention forward (online softmax) with mma.sync m16n8k16 tensor-core tiles: the portable sm_80+ path.
-// Included once per (dtype, head dim) by attention_fwd_<dtype>_hd<D>.cu.
+// Included once per (dtype, head dim) by instantiations/fwd_<dtype>_hd<D>.cu.
 //
 // CTA = 4 warps = 64 query rows of one (batch, head); each warp owns 16 rows. K/V tiles of kBlockN keys stream
 // through shared memory with cp.async: V(j) loads while S = Q K(j)^T computes, K(j+1) loads while O += P V(j)

@@ -1,5 +1,5 @@
 // FlashAttention forward for Hopper (sm_90a): TMA + mbarrier pipeline, wgmma, warp specialisation.
-// Included once per (dtype, head dim) by attention_fwd_sm90_kernels_<dtype>_hd<D>.cu; head dims 64 and 128.
+// Included once per (dtype, head dim) by instantiations/fwd_sm90{,_persistent}_<dtype>_hd<D>.cu; head dims 64 and 128.
 //
 // CTA = 3 warpgroups for 128 query rows of one (batch, head):
 //   warpgroup 0, the producer: one thread issues TMA loads of Q (once) and of K/V tiles (kBlockN keys) into a

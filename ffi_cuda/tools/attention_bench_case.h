@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "attention/attention_params.h"
+#include "attention/params.h"
 
 struct Case {
   int B, T, S, H, K, D;

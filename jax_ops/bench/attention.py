@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_ops import _ffi, attention
+from jax_ops._src.attention.heuristics import FWD_TARGET
 from jax_ops.bench.harness import compiled_temp_bytes, rel_l2, time_loop
 
 XLA_TEMP_LIMIT = 20 * 2**30
@@ -134,7 +135,7 @@ def _make_step(fn, bwd: bool):
 
 def run(ctx) -> list[dict]:
     on_gpu = jax.default_backend() == "gpu"
-    have_ours = (not on_gpu) or attention.FWD_TARGET in _ffi.target_names("CUDA")
+    have_ours = (not on_gpu) or FWD_TARGET in _ffi.target_names("CUDA")
     cases = [c for c in _cases(ctx.quick, on_gpu) if ctx.selected(_case_name(c))]
     impls = ["jax_ops", "cudnn", "xla"] if on_gpu else ["jax_ops", "xla"]
     rows = []

@@ -1,6 +1,0 @@
-// One instantiation per file so the build parallelises.
-#include "attention/attention_bwd_impl.cuh"
-
-namespace jax_ops::attention {
-JAX_OPS_INSTANTIATE_ATTENTION_BWD(__nv_bfloat16, 128)
-}  // namespace jax_ops::attention

@@ -1,6 +1,0 @@
-// One instantiation per file so the build parallelises.
-#include "attention/attention_fwd_impl.cuh"
-
-namespace jax_ops::attention {
-JAX_OPS_INSTANTIATE_ATTENTION_FWD(__nv_bfloat16, 96)
-}  // namespace jax_ops::attention

@@ -1,0 +1,84 @@
+"""``custom_vmap`` rules of the two targets: the mapped axis folds into the batch (one kernel launch, never a
+sequential loop); an unmapped broadcast bias/mask stays shared unless its gradient must come out per example."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jax_ops._src.attention.sharding import partitioned
+from jax_ops._src.attention.validation import Config
+from jax_ops._src.batching import fold_leading, lead, unfold_leading
+
+
+def _fold_bcast(x, batched: bool, v: int, B: int, present: bool, reducible: bool):
+    """A rank-4 broadcastable bias/mask under vmap. Unbatched [1, ...] stays shared unless ``reducible``
+    (dbias must then come out per mapped example); otherwise [V, B|1, ...] -> [V*B, ...] (or [V, ...] if B==1)."""
+    if not present:
+        return x
+    if not batched and x.shape[0] == 1 and not reducible:
+        return x
+    x = lead(x, batched, v)
+    if x.shape[1] != B:
+        x = jnp.broadcast_to(x, (v, B, *x.shape[2:]))
+    return x.reshape(v * B, *x.shape[2:])
+
+
+@functools.cache
+def fwd_op(cfg: Config):
+    part = partitioned(cfg, False)
+
+    @jax.custom_batching.custom_vmap
+    def fwd(q, k, v, bias, mask, qsl, kvsl):
+        return part(q, k, v, bias, mask, qsl, kvsl)
+
+    @fwd.def_vmap
+    def _fwd_rule(axis_size, in_batched, q, k, v, bias, mask, qsl, kvsl):
+        V, B = axis_size, (q.shape[1] if in_batched[0] else q.shape[0])
+        qf, kf, vf = (fold_leading(x, bt, V) for x, bt in zip((q, k, v), in_batched[:3]))
+        bf = _fold_bcast(bias, in_batched[3], V, B, cfg.has_bias, False)
+        mf = _fold_bcast(mask, in_batched[4], V, B, cfg.has_mask, False)
+        qs = fold_leading(qsl, in_batched[5], V) if cfg.has_q_seqlen else qsl
+        ks = fold_leading(kvsl, in_batched[6], V) if cfg.has_kv_seqlen else kvsl
+        o, lse = fwd(qf, kf, vf, bf, mf, qs, ks)
+        return (unfold_leading(o, V), unfold_leading(lse, V)), (True, True)
+
+    return fwd
+
+
+@functools.cache
+def bwd_op(cfg: Config):
+    part = partitioned(cfg, True)
+
+    @jax.custom_batching.custom_vmap
+    def bwd(q, k, v, bias, mask, qsl, kvsl, o, lse, do):
+        return part(q, k, v, bias, mask, qsl, kvsl, o, lse, do)
+
+    @bwd.def_vmap
+    def _bwd_rule(axis_size, in_batched, q, k, v, bias, mask, qsl, kvsl, o, lse, do):
+        V, B = axis_size, (q.shape[1] if in_batched[0] else q.shape[0])
+        qf, kf, vf = (fold_leading(x, bt, V) for x, bt in zip((q, k, v), in_batched[:3]))
+        of, lf, df = (fold_leading(x, bt, V) for x, bt in zip((o, lse, do), in_batched[7:]))
+        bf = _fold_bcast(bias, in_batched[3], V, B, cfg.has_bias, True)
+        mf = _fold_bcast(mask, in_batched[4], V, B, cfg.has_mask, False)
+        qs = fold_leading(qsl, in_batched[5], V) if cfg.has_q_seqlen else qsl
+        ks = fold_leading(kvsl, in_batched[6], V) if cfg.has_kv_seqlen else kvsl
+        dq, dk, dv, db = bwd(qf, kf, vf, bf, mf, qs, ks, of, lf, df)
+        if cfg.has_bias:
+            bias_b = bias.shape[1] if in_batched[3] else bias.shape[0]
+            db = unfold_leading(db, V)
+            if bias_b == 1 and B != 1:
+                db = db.sum(axis=1, keepdims=True)
+            db_batched = True
+        else:
+            db_batched = False
+        return (unfold_leading(dq, V), unfold_leading(dk, V), unfold_leading(dv, V), db), (
+            True,
+            True,
+            True,
+            db_batched,
+        )
+
+    return bwd

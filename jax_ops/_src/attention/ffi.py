@@ -1,0 +1,66 @@
+"""The raw FFI calls of the two targets (contract: ffi_cuda/attention/params.h), the dummy buffers of absent
+optional inputs, and the varying-manual-axes typing of their results inside ``jax.shard_map``."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_ops import _ffi
+from jax_ops._src.attention.heuristics import BWD_TARGET, FWD_TARGET
+from jax_ops._src.attention.validation import Config
+
+
+def _vma(x) -> frozenset:
+    return getattr(jax.typeof(x), "vma", frozenset())
+
+
+def vary_like(outs, ins, targets=None):
+    """Inside ``jax.shard_map``: the kernel's results carry no varying-manual-axes type. Mark each result as
+    varying over the axes any input varies over; with ``targets`` (the primal inputs of cotangents), sum the
+    cotangent over axes its primal is invariant along and mark it varying where its primal is."""
+    union = frozenset().union(*(_vma(x) for x in ins if x is not None))
+    if not union and not targets:
+        return tuple(outs)
+    res = []
+    for i, x in enumerate(outs):
+        if x is None:
+            res.append(x)
+            continue
+        missing = tuple(sorted(union - _vma(x)))
+        x = jax.lax.pcast(x, missing, to="varying") if missing else x
+        if targets is not None:
+            want = _vma(targets[i])
+            extra = tuple(sorted(_vma(x) - want))
+            x = jax.lax.psum(x, extra) if extra else x
+            missing = tuple(sorted(want - _vma(x)))
+            x = jax.lax.pcast(x, missing, to="varying") if missing else x
+        res.append(x)
+    return tuple(res)
+
+
+def fwd_ffi(cfg: Config, q, k, v, bias, mask, qsl, kvsl):
+    B, T, N, _ = q.shape
+    out = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, N, T), jnp.float32))
+    return tuple(_ffi.ffi_call(FWD_TARGET, out, q, k, v, bias, mask, qsl, kvsl, **cfg.fwd_attrs()))
+
+
+def bwd_ffi(cfg: Config, q, k, v, bias, mask, qsl, kvsl, o, lse, do):
+    out = (
+        jax.ShapeDtypeStruct(q.shape, q.dtype),
+        jax.ShapeDtypeStruct(k.shape, k.dtype),
+        jax.ShapeDtypeStruct(v.shape, v.dtype),
+        jax.ShapeDtypeStruct(bias.shape, bias.dtype),
+    )
+    return tuple(
+        _ffi.ffi_call(BWD_TARGET, out, q, k, v, bias, mask, qsl, kvsl, o, lse, do, **cfg.bwd_attrs())
+    )
+
+
+def fill(cfg: Config, bias, mask, qsl, kvsl):
+    """Dummy 1-element buffers for absent optional inputs (the kernel ignores them; see ffi_cuda/attention/params.h)."""
+    bias = bias if cfg.has_bias else jnp.zeros((1, 1, 1, 1), jnp.float32)
+    mask = mask if cfg.has_mask else jnp.ones((1, 1, 1, 1), bool)
+    qsl = qsl if cfg.has_q_seqlen else jnp.zeros((1,), jnp.int32)
+    kvsl = kvsl if cfg.has_kv_seqlen else jnp.zeros((1,), jnp.int32)
+    return bias, mask, qsl, kvsl

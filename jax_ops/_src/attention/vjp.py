@@ -1,0 +1,111 @@
+"""The differentiable forward: ``custom_vjp`` over the kernel targets, with the split-KV and GQA-packed forward
+variants, and the reference VJP where a platform has no backward kernel."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jax_ops import _checks
+from jax_ops._src.attention import heuristics
+from jax_ops._src.attention.batching import bwd_op, fwd_op
+from jax_ops._src.attention.ffi import fill, vary_like
+from jax_ops._src.attention.reference import dot_product_attention as reference_attention
+from jax_ops._src.attention.validation import Config
+
+
+def _forward_split(cfg: Config, splits: int, q, k, v, qsl, kvsl):
+    """The forward over `splits` key chunks folded into the batch, merged by log-sum-exp (fp32)."""
+    B, T, N, D = q.shape
+    S, K = k.shape[1], k.shape[2]
+    chunk = S // splits
+    qf = jnp.broadcast_to(q[:, None], (B, splits, T, N, D)).reshape(B * splits, T, N, D)
+    kf = k.reshape(B * splits, chunk, K, D)
+    vf = v.reshape(B * splits, chunk, K, D)
+    kv_len = kvsl if cfg.has_kv_seqlen else jnp.full((B,), S, jnp.int32)
+    starts = jnp.arange(splits, dtype=jnp.int32) * chunk
+    chunk_len = jnp.clip(kv_len[:, None] - starts[None, :], 0, chunk).reshape(B * splits).astype(jnp.int32)
+    qslf = jnp.repeat(qsl, splits) if cfg.has_q_seqlen else qsl
+    split_cfg = dataclasses.replace(cfg, has_kv_seqlen=True)
+    bias, mask, qslf, _ = fill(split_cfg, None, None, qslf, chunk_len)
+    o_parts, lse_parts = fwd_op(split_cfg)(qf, kf, vf, bias, mask, qslf, chunk_len)
+    lse_parts = lse_parts.reshape(B, splits, N, T)
+    top = jnp.max(lse_parts, axis=1, keepdims=True)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)  # all chunks empty: weights 0, lse -inf, o 0
+    w = jnp.exp(lse_parts - top)  # [B, splits, N, T]; exp(-inf) = 0 for empty chunks
+    total = jnp.sum(w, axis=1)  # [B, N, T]
+    lse = jnp.where(total > 0, jnp.log(jnp.where(total > 0, total, 1.0)) + top[:, 0], -jnp.inf)
+    w = w / jnp.where(total > 0, total, 1.0)[:, None]
+    o_parts = o_parts.reshape(B, splits, T, N, D).astype(jnp.float32)
+    o = jnp.einsum("bsnt,bstnd->btnd", w, o_parts, precision=jax.lax.Precision.HIGHEST)
+    return o.astype(q.dtype), lse.astype(jnp.float32)
+
+
+def _forward_gqa_packed(cfg: Config, q, k, v, qsl, kvsl):
+    """The forward with q [B,T,K·G,D] seen as [B,T·G,K,D] (row t·G+g of kv head k is query head k·G+g)."""
+    B, T, N, D = q.shape
+    K = k.shape[2]
+    G = N // K
+    qp = q.reshape(B, T, K, G, D).transpose(0, 1, 3, 2, 4).reshape(B, T * G, K, D)
+    qslp = qsl * G if cfg.has_q_seqlen else qsl
+    o, lse = _forward(cfg, qp, k, v, None, None, qslp, kvsl)
+    o = o.reshape(B, T, G, K, D).transpose(0, 1, 3, 2, 4).reshape(B, T, N, D)
+    lse = lse.reshape(B, K, T, G).transpose(0, 1, 3, 2).reshape(B, N, T)
+    return o, lse
+
+
+def _forward(cfg: Config, q, k, v, bias, mask, qsl, kvsl):
+    ins = (q, k, v, bias, mask, qsl, kvsl)
+    if heuristics.packs_gqa(cfg, q.shape[1], q.shape[2], k.shape[2]):
+        return vary_like(_forward_gqa_packed(cfg, q, k, v, qsl, kvsl), ins)
+    splits = heuristics.kv_splits(cfg, q.shape[0], q.shape[1], k.shape[1], q.shape[2])
+    if splits > 1:
+        return vary_like(_forward_split(cfg, splits, q, k, v, qsl, kvsl), ins)
+    return vary_like(fwd_op(cfg)(q, k, v, *fill(cfg, bias, mask, qsl, kvsl)), ins)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def attention_vjp(cfg: Config, q, k, v, bias, mask, qsl, kvsl):
+    return _forward(cfg, q, k, v, bias, mask, qsl, kvsl)
+
+
+def _attention_fwd(cfg: Config, q, k, v, bias, mask, qsl, kvsl):
+    o, lse = _forward(cfg, q, k, v, bias, mask, qsl, kvsl)
+    return (o, lse), (q, k, v, bias, mask, qsl, kvsl, o, lse)
+
+
+def _reference_vjp(cfg: Config, q, k, v, bias, mask, qsl, kvsl, do):
+    """Explicit backward fallback (no backward kernel for this platform): the VJP of the reference."""
+    window = (cfg.window_left, cfg.window_right)
+
+    def f(q, k, v, bias):
+        return reference_attention(
+            q, k, v, bias, mask, qsl, kvsl, scale=cfg.scale, is_causal=cfg.is_causal, window=window
+        )[0]
+
+    _, vjp = jax.vjp(f, q, k, v, bias)
+    return vjp(do)
+
+
+def _attention_bwd(cfg: Config, res, cts):
+    q, k, v, bias, mask, qsl, kvsl, o, lse = res
+    do, _ = cts  # the residual (lse) is returned under stop_gradient, as jax.nn does
+    do = do.astype(q.dtype)
+    reason = heuristics.bwd_unsupported_reason(cfg, q.shape[-1])
+    if reason is not None:
+        _checks.warn_once(
+            f"attention:bwd:{reason}",
+            f"jax_ops.dot_product_attention: {reason}; the backward pass uses the XLA reference",
+        )
+        dq, dk, dv, db = _reference_vjp(cfg, q, k, v, bias, mask, qsl, kvsl, do)
+        return dq, dk, dv, db, None, None, None
+    dq, dk, dv, db = bwd_op(cfg)(q, k, v, *fill(cfg, bias, mask, qsl, kvsl), o, lse, do)
+    grads = (dq, dk, dv, db if cfg.has_bias else None)
+    grads = vary_like(grads, (q, k, v, bias, mask, qsl, kvsl, o, lse, do), targets=(q, k, v, bias))
+    return (*grads, None, None, None)
+
+
+attention_vjp.defvjp(_attention_fwd, _attention_bwd)
