@@ -22,7 +22,12 @@ DTYPES = {"f16": ("__half", "float16"), "bf16": ("__nv_bfloat16", "bfloat16")}
 KINDS = {
     "fwd": ("attention_fwd_impl.cuh", "JAX_OPS_INSTANTIATE_ATTENTION_FWD", "", (32, 64, 96, 128, 256)),
     "bwd": ("attention_bwd_impl.cuh", "JAX_OPS_INSTANTIATE_ATTENTION_BWD", "", (32, 64, 96, 128)),
-    "fwd_sm90": ("attention_fwd_sm90_impl.cuh", "JAX_OPS_INSTANTIATE_ATTENTION_FWD_SM90", ", false", (64, 128)),
+    "fwd_sm90": (
+        "attention_fwd_sm90_impl.cuh",
+        "JAX_OPS_INSTANTIATE_ATTENTION_FWD_SM90",
+        ", false",
+        (64, 128),
+    ),
     "fwd_sm90_persistent": (
         "attention_fwd_sm90_impl.cuh",
         "JAX_OPS_INSTANTIATE_ATTENTION_FWD_SM90",
@@ -70,7 +75,9 @@ def support_header() -> str:
         "",
         "namespace jax_ops::attention {",
         "",
-        "inline constexpr const char* kCudaDTypeNames[] = {" + ", ".join('"' + v[1] + '"' for v in DTYPES.values()) + "};",
+        "inline constexpr const char* kCudaDTypeNames[] = {"
+        + ", ".join('"' + v[1] + '"' for v in DTYPES.values())
+        + "};",
     ]
     macros = []
     for name, (kind, macro) in SUPPORT_LISTS.items():

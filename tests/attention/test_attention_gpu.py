@@ -7,8 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from attention_cases import SHAPES, shape_id
+from helpers import rel_err
 
 import jax_ops
+from jax_ops import attention
+from jax_ops._src.attention import heuristics, validation
 
 pytestmark = pytest.mark.gpu
 
@@ -24,10 +28,7 @@ def _needs_cuda_target():
 
 
 def rel_l2(a, b) -> float:
-    a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
-    b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
-    assert not np.isnan(a).any(), "NaN in output"
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+    return rel_err(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
 
 
 def inputs(B, T, S, N, K, D, dtype, seed=0):
@@ -59,6 +60,15 @@ def run_case(shape, dtype, grads=False, **kw):
         g_ref = jax.grad(loss(ref_f), (0, 1, 2))(f32(q), f32(k), f32(v))
         for a, b in zip(g, g_ref):
             assert rel_l2(a, b) < 2 * TOL[dtype]
+
+
+# The shared forward cases (attention_cases.SHAPES) on CUDA, where the head dim has a CUDA kernel.
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s[5] in (32, 64, 96, 128, 256)], ids=shape_id)
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_small_shared_cases(shape, dtype, is_causal):
+    assert shape[5] in heuristics.support()["cuda_fwd_head_dims"]
+    run_case(shape, dtype, is_causal=is_causal)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
@@ -145,9 +155,6 @@ def test_small_fully_masked_rows():
     assert not np.isnan(np.asarray(out, np.float32)).any()
 
 
-PORTABLE_ENV = "JAX_OPS_ATTENTION_PORTABLE"  # forces the sm_80 mma.sync forward (attention_cuda.cu)
-
-
 # Shapes (B, T, S, N, K, D) run on both kernel paths (Hopper and portable): GQA/MQA, T = 1, S = 1, ragged tails,
 # a causal window, query and key lengths.
 BOTH_PATHS_CASES = [
@@ -168,9 +175,9 @@ BOTH_PATHS_CASES = [
 
 @pytest.mark.parametrize("shape,kw", BOTH_PATHS_CASES)
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
-def test_small_forward_kernels_both_paths(shape, kw, dtype, monkeypatch):
-    # Head dims 64/128 without bias/mask take the Hopper kernel on an H100/H200; the env var forces the portable
-    # one. Both against the fp32 reference, outputs and log-sum-exp.
+def test_small_forward_kernels_both_paths(shape, kw, dtype):
+    # Head dims 64/128 without bias/mask take the Hopper kernel on an H100/H200; the portable knob forces the
+    # portable one. Both against the fp32 reference, outputs and log-sum-exp.
     _needs_cuda_target()
     q, k, v = inputs(*shape, dtype)
     f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
@@ -179,8 +186,10 @@ def test_small_forward_kernels_both_paths(shape, kw, dtype, monkeypatch):
     )
     outs = {}
     for portable in ("0", "1"):
-        monkeypatch.setenv(PORTABLE_ENV, portable)
-        out, lse = jax_ops.dot_product_attention(q, k, v, implementation="ffi", return_residual=True, **kw)
+        with attention.overrides(portable=portable == "1"):
+            out, lse = jax_ops.dot_product_attention(
+                q, k, v, implementation="ffi", return_residual=True, **kw
+            )
         assert rel_l2(out, ref) < TOL[dtype]
         finite = np.isfinite(np.asarray(ref_lse))
         np.testing.assert_allclose(np.asarray(lse)[finite], np.asarray(ref_lse)[finite], atol=2e-2, rtol=1e-3)
@@ -189,7 +198,7 @@ def test_small_forward_kernels_both_paths(shape, kw, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_longest_sequence_32k(is_causal, monkeypatch):
+def test_longest_sequence_32k(is_causal):
     # N = 32768: the two forward kernels (independent implementations) agree, and sampled rows match an fp64
     # numpy reference.
     _needs_cuda_target()
@@ -197,10 +206,10 @@ def test_longest_sequence_32k(is_causal, monkeypatch):
     q, k, v = inputs(1, T, T, H, H, D, jnp.bfloat16)
     outs = {}
     for portable in ("0", "1"):
-        monkeypatch.setenv(PORTABLE_ENV, portable)
-        outs[portable] = np.asarray(
-            jax_ops.dot_product_attention(q, k, v, is_causal=is_causal, implementation="ffi"), np.float32
-        )
+        with attention.overrides(portable=portable == "1"):
+            outs[portable] = np.asarray(
+                jax_ops.dot_product_attention(q, k, v, is_causal=is_causal, implementation="ffi"), np.float32
+            )
     assert rel_l2(outs["0"], outs["1"]) < 1e-2
     qn, kn, vn = (np.asarray(x, np.float64) for x in (q, k, v))
     for t in (0, 1, 4097, T - 1):
@@ -212,7 +221,7 @@ def test_longest_sequence_32k(is_causal, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
-def test_small_split_kv_decode(dtype, monkeypatch):
+def test_small_split_kv_decode(dtype):
     # Decode (T = 1) with per-batch kv lengths through the split-KV path: forced 8 chunks, and the default policy
     # (which splits this shape on a GPU), against the fp32 reference.
     _needs_cuda_target()
@@ -222,14 +231,12 @@ def test_small_split_kv_decode(dtype, monkeypatch):
     f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
     ref = jax_ops.dot_product_attention(f32(q), f32(k), f32(v), implementation="xla", **kw)
     assert (
-        jax_ops.attention.kv_splits(
-            jax_ops.attention._Config(D**-0.5, False, -1, -1, False, False, False, True), B, 1, S, N
-        )
+        heuristics.kv_splits(validation.Config(D**-0.5, False, -1, -1, False, False, False, True), B, 1, S, N)
         > 1
     )
     for forced in (8, None):
-        monkeypatch.setattr(jax_ops.attention, "FORCE_KV_SPLITS", forced)
-        out = jax_ops.dot_product_attention(q, k, v, implementation="ffi", **kw)
+        with attention.overrides(kv_splits=forced):
+            out = jax_ops.dot_product_attention(q, k, v, implementation="ffi", **kw)
         assert rel_l2(out, ref) < TOL[dtype]
 
 
@@ -251,9 +258,9 @@ GQA_CLUSTER_CASES = [
     + GQA_CLUSTER_CASES[:1],
 )
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
-def test_small_backward_kernels_both_paths(shape, kw, dtype, monkeypatch):
+def test_small_backward_kernels_both_paths(shape, kw, dtype):
     # Head dims 64/128 without bias/mask take the Hopper backward (attention_bwd_sm90_impl.cuh) on an H100/H200;
-    # the env var forces the portable one. Both against the fp32 reference's gradients, and against each other.
+    # the portable knob forces the portable one. Both against the fp32 reference's gradients, and against each other.
     _needs_cuda_target()
     q, k, v = inputs(*shape, dtype)
     w = jax.random.normal(jax.random.key(1), q.shape, jnp.float32)
@@ -277,9 +284,8 @@ def test_small_backward_kernels_both_paths(shape, kw, dtype, monkeypatch):
 
     grads = {}
     for portable in ("0", "1"):
-        monkeypatch.setenv(PORTABLE_ENV, portable)
-        # The handler reads the env var each time it runs, so a cached executable still switches paths.
-        g = jax.grad(loss("ffi"), (0, 1, 2))(q, k, v)
+        with attention.overrides(portable=portable == "1"):  # an attribute: read at trace time
+            g = jax.grad(loss("ffi"), (0, 1, 2))(q, k, v)
         for name, a, b in zip(("dq", "dk", "dv"), g, g_ref):
             e = err(name, a, b)
             assert e < 2 * TOL[dtype], f"{name} (portable={portable}): error {e:.2e}"
