@@ -87,10 +87,9 @@ __device__ __forceinline__ FwdTile FwdTileOf(const AttentionParams& p, const Fwd
 // Static schedule of the persistent kernel. Blocks in heavy-first order: query blocks from the last (under a causal
 // rule the most key tiles) to the first, the (batch, head) pairs fastest. CTA c takes, in round r, block
 // r * grid + c on even rounds and r * grid + grid - 1 - c on odd ones (a snake), so the CTAs that drew the heaviest
-// blocks of one round draw the lightest of the next: a longest-processing-time-first balance (within ~3% of a
-// greedy atomic-counter schedule in a CPU simulation of the bench shapes) with no global counter, so no workspace
-// and nothing that depends on timing. Not cut into L2-sized head groups: uneven groups broke the snake's pairing
-// (B=4 H=16 N=1024 causal: makespan 1.31x the ideal instead of 1.03x).
+// blocks of one round draw the lightest of the next: a longest-processing-time-first balance with no global
+// counter, so no workspace and nothing that depends on timing. Not cut into L2-sized head groups: uneven groups
+// break the snake's pairing (docs/design/attention.md).
 struct FwdSchedule {
   uint32_t num_blocks;  // m_blocks * heads * batch, < 2^30 (the launcher checks)
   uint32_t m_blocks;
