@@ -242,21 +242,3 @@ SpmmArgs<T, Acc> MakeSpmmArgs(const SpmmShape& s, const ffi::AnyBuffer& indptr, 
 }
 
 }  // namespace jax_ops::sparse
-
-// FFI binding of jax_ops_sparse_csr_spmm for both platforms (the CUDA handler passes a Bind() with the stream):
-// inputs indptr, indices, values, b, alpha, beta, y, long_rows, long_ptr; results out, workspace; attributes.
-#define JAX_OPS_CSR_SPMM_BINDING(BIND) \
-  BIND.Arg<xla::ffi::AnyBuffer>()      \
-      .Arg<xla::ffi::AnyBuffer>()      \
-      .Arg<xla::ffi::AnyBuffer>()      \
-      .Arg<xla::ffi::AnyBuffer>()      \
-      .Arg<xla::ffi::AnyBuffer>()      \
-      .Arg<xla::ffi::AnyBuffer>()      \
-      .Arg<xla::ffi::AnyBuffer>()      \
-      .Arg<xla::ffi::AnyBuffer>()      \
-      .Arg<xla::ffi::AnyBuffer>()      \
-      .Ret<xla::ffi::AnyBuffer>()      \
-      .Ret<xla::ffi::AnyBuffer>()      \
-      .Attr<int32_t>("algorithm")      \
-      .Attr<int32_t>("group")          \
-      .Attr<int64_t>("chunk")
