@@ -543,7 +543,7 @@ constexpr int SlotsMinBlocks() {
 // column tile of G * VEC columns), G column lanes by S slots. Slot j walks the item's entries j, j + S, ... four
 // at a time, so every lane has four B-row gathers in flight; the slots' partial sums meet in a fixed xor tree
 // (deterministic). S grows with the nnz per item (SlotsFor), so long rows (CSR(Aᵀ) of a tall least-squares
-// matrix) get up to 32 lanes. H200, N = 16 f32, LSMR's matrices (jax_ops.bench lsmr_products, docs/sparse.md):
+// matrix) get up to 32 lanes. H200, N = 16 f32, LSMR's matrices (jax_ops.bench lsmr_products, docs/design/sparse.md):
 // A V 1.04x (11kv-like) / 1.25x (ba-like) the group kernel, 11kv-like Aᵀ U 1.70x the split plan; ba-like Aᵀ U
 // (random gathers from a U larger than L2) 0.89x.
 // Items [i0, i1) (rows, or split units in unit mode) by the teams of CTAs [0, ctas) of a grid-stride, `cta` this

@@ -60,10 +60,8 @@ def block_rows_host(indptr, indices, min_rows: int = 2) -> int:
     return 1
 
 
-# The auto rule: the blocks form serves N = 1 products when R >= 3. H200, spmv_bench --blocks (2026-12-01, µs, f32):
-# Aᵀu of bundle-adjustment 1M (R = 3) CSR vector 99.7 -> blocks 61.9 (cuSPARSE 74.7), of LSMR's ba-like Jacobian
-# segmented 46.0 -> 30.7 (43.3); but A x of both (R = 2, 12 entries per row, the pair's x gathers already L1
-# hits) slower: 72.3 -> 79.2-80.9 and 40.4 -> 43.6-44.3. (blocks=True builds the form for any R.)
+# The auto rule: the blocks form serves N = 1 products when R >= 3 (at R = 2 the CSR kernels are faster;
+# docs/design/sparse.md). blocks=True builds the form for any R.
 _BLOCKS_MIN_ROWS = 3
 
 

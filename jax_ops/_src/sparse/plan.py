@@ -45,8 +45,8 @@ class Plan:
 
 
 def _vector_group(avg: float) -> int:
-    """Lanes per row G of the row-block SpMV kernel (SpmvRowsKernel) for rows of `avg` nnz, measured on the H200
-    (ffi_cuda/tools/spmv_bench.cu): few lanes per row, each with several rows and up to 8 loads in flight
+    """Lanes per row G of the row-block SpMV kernel (SpmvRowsKernel) for rows of `avg` nnz (thresholds measured
+    with ffi_cuda/tools/sparse_spmv_bench.cu): few lanes per row, each with several rows and up to 8 loads in flight
     (G = 1 with 8 steps per iteration; G >= 2 with 2 rows per lane and 4 steps), so rows fill the steps."""
     if avg < 10:
         return 1
@@ -62,10 +62,8 @@ def _vector_group(avg: float) -> int:
 def _vector_group_for(profile: RowProfile | None, avg: float, k: int, itemsize: int) -> int:
     """G of the vector plan: _vector_group(avg), except G = 8 instead of 4 for varying rows of 16..63 entries
     (16 <= avg < 64, avg < p95 <= 2 avg) whose gathered dense operand is not L1-resident (k * itemsize >
-    _L1_BYTES). Measured on the H200 (spmv_bench --tails, 2026-12-01): power-law 1M Aᵀu (avg 21.1, p95 29, u 4 MB)
-    G = 4 167.2 µs, G = 8 150.0; uniform 2M Aᵀu (avg 16, p95 23, u 8 MB) 272.8 vs 257.1. Kept at 4: rows of one
-    length (uniform Ax, exactly 16: 0.96x cuSPARSE; bundle Ax, 12: G = 8 129.5 vs 72.7), a wide spread (bundle 1M
-    Aᵀu, p95 108 > 2 avg: G = 8 102.5 vs 99.4) and L1-resident x (LSQ Ax, avg 18-21: 1.25x / 1.03x cuSPARSE)."""
+    _L1_BYTES): more loads in flight hide their L2 latency; rows of one length, a wide spread and L1-resident
+    operands stay faster at 4 (numbers in docs/design/sparse.md)."""
     g = _vector_group(avg)
     if (
         g == 4
@@ -79,10 +77,10 @@ def _vector_group_for(profile: RowProfile | None, avg: float, k: int, itemsize: 
 
 
 def choose_algorithm(profile: RowProfile | None, m: int, nnz: int, k: int = 0, itemsize: int = 4) -> str:
-    """The dispatch rule (docs/sparse.md): split for power-law/straggler rows (max > max(2048, 32 avg)); every
+    """The dispatch rule (docs/design/sparse.md): split for power-law/straggler rows (max > max(2048, 32 avg)); every
     other matrix takes the row-block kernel ("vector") with G lanes per row from the average row length
     (_vector_group; G = 32 is the old warp-per-row). Without a profile (traced input) the static average row
-    length picks the same way. ``cta`` and ``stream`` stay available when forced (measured slower on the H200)."""
+    length picks the same way. ``cta`` and ``stream`` stay available when forced (slower; docs/design/sparse.md)."""
     del k, itemsize  # no longer part of the rule (the row-block kernel has no shared-memory stage)
     avg = nnz / m if m else 0.0
     if profile is None:
@@ -125,11 +123,8 @@ def segmented_applies(
 ) -> bool:
     """The segmented plan's auto rule (for a matrix the whole-matrix rule sends to ``vector``): in the segment
     table (segments_host) the warp-per-row class (G = 32, chunk average >= 256) holds >= _SEGMENT_MIN_SHARE of the
-    nnz and the other classes together hold >= _SEGMENT_MIN_SHARE too. Measured on the H200 (spmv_bench --tails,
-    2026-12-01), the only win: CSR(Aᵀ) of LSMR's ba-like Jacobian (~18k camera rows of ~500, then ~600k point rows
-    of ~5; avg 19.4): vector G = 4 60.2 µs (0.73x cuSPARSE), segmented 46.8 (0.93x). No gain where the long class
-    is G = 8 (bundle-adjustment 1M Aᵀu, camera rows ~100: 104-111 vs 99.4), and slower on one-class matrices
-    (bundle Ax 0.81x vs 1.06x, uniform Aᵀu 0.85x vs 0.90x), which the rule never picks. ``segs``: the table
+    nnz and the other classes together hold >= _SEGMENT_MIN_SHARE too: the one shape where row classes win (a
+    few hundred-nnz rows next to many short ones; docs/design/sparse.md). ``segs``: the table
     segments_host(indptr, rows) already computed."""
     ip = np.asarray(indptr, np.int64)
     per_g: dict[int, int] = {}
@@ -177,7 +172,7 @@ def _group_for(
     avg = profile.avg if profile is not None else (nnz / m if m else 0.0)
     if algorithm in ("split", "cusparse"):  # cusparse: its N > 1 products run the split kernels
         # Short rows only (bounded by the chunk): from the p95, twice the uniform-row G, since a power-law's short
-        # rows vary widely (measured: G = 8 for the 1M power-law matrix; G = 4 was 7% slower).
+        # rows vary widely.
         if profile is not None:
             avg = min(avg, profile.p95)
         return min(32, 2 * _vector_group(avg))
@@ -217,9 +212,8 @@ _EMPTY_LONG = (np.zeros((0,), np.int32), np.zeros((1,), np.int32))
 
 def _cusparse_ws_bytes(m: int, nnz: int) -> int:
     """Workspace of an N = 1 call on the cusparse plan: the zero beta, then room for cuSPARSE's CSR_ALG2 buffer
-    (cusparseSpMV_bufferSize asked for nnz / 51 bytes on the H200's cuSPARSE for every suite matrix, whatever M:
-    ba-like A and Aᵀ, 1M and 618k rows, both 235087 bytes; this leaves 6x that, M / 8 and 1 MiB, and the handler
-    raises if cuSPARSE ever wants more)."""
+    (cusparseSpMV_bufferSize has asked for about nnz / 51 bytes; this leaves 6x that, M / 8 and 1 MiB, and the
+    handler raises if cuSPARSE ever wants more)."""
     return native().cusparse_zero_bytes + (m + nnz) // 8 + (1 << 20)
 
 
@@ -292,8 +286,7 @@ def make_plan(
 # slots on the 16-byte path, _spmm_slots), so a handful of long rows leaves most of the GPU idle. Below
 # _SPMM_MIN_LANES lanes in that grid, with rows averaging at least two split chunks, the product takes the split
 # plan instead (DEFAULT_SPLIT_CHUNK-nnz units, a team each, partials summed per row in unit order:
-# deterministic), whatever the N = 1 plan is. Long-row lists are built in the graph. (CSR(Aᵀ) of LSMR's 8kv-like
-# matrix, 6177 rows of ~900, no longer splits: 32 lanes per row run it 2.2x faster than the split plan did.)
+# deterministic), whatever the N = 1 plan is. Long-row lists are built in the graph.
 _SPMM_MIN_LANES = 1 << 16
 _SPMM_SPLIT_MAX_WORKSPACE = 1 << 28  # bytes of per-unit partials the split SpMM may take
 

@@ -22,7 +22,7 @@ from jax_ops._src.sparse.plan import _L1_BYTES, _vector_group
 # Built once (on device, with a stable sort) when the CSRPair is built and the predicate (slab_model) says it pays.
 # Only f32/f64 (half types keep CSR(Aᵀ)); only N = 1 products (rmatvec, rmatvec_axpby; vmap folds into SpMM).
 _DEFAULT_SMS = 132  # H100/H200 SXM, used when no GPU is visible (CPU builds, traced tests)
-_HBM_BPS, _L2_BPS, _SECTORS_PER_S = 3.5e12, 8e12, 140e9  # H200, measured (docs/sparse.md)
+_HBM_BPS, _L2_BPS, _SECTORS_PER_S = 3.5e12, 8e12, 140e9  # H200, measured (docs/design/sparse.md)
 
 
 # Largest dynamic shared memory one block may opt into, by compute capability (CUDA C++ Programming Guide); other
