@@ -5,6 +5,9 @@
 #include "attention/instantiations/support.h"
 #include "attention/params.h"
 #include "common/registration.h"
+#include "sparse/heuristics.h"
+#include "sparse/slab_spmv_params.h"
+#include "sparse/spmm_params.h"
 
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHbarXCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsLsmrHCpu);
@@ -57,6 +60,29 @@ NB_MODULE(_jax_ops_cpu, m) {
     }
 
     // sparse
+    {
+      namespace sp = jax_ops::sparse;
+      constants["sparse_algorithm_vector"] = int{sp::kVector};
+      constants["sparse_algorithm_cta"] = int{sp::kCta};
+      constants["sparse_algorithm_split"] = int{sp::kSplit};
+      constants["sparse_algorithm_stream"] = int{sp::kStream};
+      constants["sparse_algorithm_segmented"] = int{sp::kSegmented};
+      constants["sparse_algorithm_cusparse"] = int{sp::kCusparse};
+      constants["sparse_algorithm_blocks"] = int{sp::kBlocks};
+      constants["sparse_max_block_rows"] = sp::kMaxBlockRows;
+      constants["sparse_cusparse_zero_bytes"] = sp::kCusparseZeroBytes;
+      constants["sparse_stream_min_rows"] = sp::kStreamMinRows;
+      constants["sparse_stream_max_rows"] = sp::kStreamMaxRows;
+      constants["sparse_stream_cap"] = sp::kStreamCap;
+      constants["sparse_max_dim"] = sp::kMaxDim;
+      constants["sparse_segment_rows_per_cta"] =
+          nb::make_tuple(sp::SegmentRowsPerCta(1), sp::SegmentRowsPerCta(2), sp::SegmentRowsPerCta(4),
+                         sp::SegmentRowsPerCta(8), sp::SegmentRowsPerCta(16), sp::SegmentRowsPerCta(32));
+      constants["sparse_slab_ctas_per_sm"] = sp::kSlabCtasPerSm;
+      constants["sparse_slab_smem_bytes"] = sp::kSlabSmemBytes;
+      constants["sparse_slab_max_width"] = sp::kSlabMaxWidth;
+      constants["sparse_slots_min_avg"] = nb::make_tuple(sp::kSlotsMinAvg2, sp::kSlotsMinAvg4, sp::kSlotsMinAvg8);
+    }
 
     // lsmr
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "sparse/bindings.h"
 #include "sparse/slab_spmv_params.h"
 
 namespace jax_ops::sparse {

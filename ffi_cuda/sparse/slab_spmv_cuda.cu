@@ -3,6 +3,7 @@
 #include <string>
 
 #include "common/cuda_helpers.h"
+#include "sparse/bindings.h"
 #include "sparse/slab_spmv_kernels.h"
 #include "sparse/slab_spmv_params.h"
 

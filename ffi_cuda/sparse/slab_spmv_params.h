@@ -148,19 +148,3 @@ SlabArgs<T, Acc> MakeSlabArgs(const SlabShape& s, const ffi::AnyBuffer& ptr, con
 }
 
 }  // namespace jax_ops::sparse
-
-// FFI binding of jax_ops_sparse_slab_spmv for both platforms: inputs ptr, col, val, work, u, alpha, beta, y;
-// results out, workspace; attributes width, group.
-#define JAX_OPS_SLAB_SPMV_BINDING(BIND) \
-  BIND.Arg<xla::ffi::AnyBuffer>()       \
-      .Arg<xla::ffi::AnyBuffer>()       \
-      .Arg<xla::ffi::AnyBuffer>()       \
-      .Arg<xla::ffi::AnyBuffer>()       \
-      .Arg<xla::ffi::AnyBuffer>()       \
-      .Arg<xla::ffi::AnyBuffer>()       \
-      .Arg<xla::ffi::AnyBuffer>()       \
-      .Arg<xla::ffi::AnyBuffer>()       \
-      .Ret<xla::ffi::AnyBuffer>()       \
-      .Ret<xla::ffi::AnyBuffer>()       \
-      .Attr<int64_t>("width")           \
-      .Attr<int32_t>("group")

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "sparse/bindings.h"
 #include "sparse/half_cpu.h"
 #include "sparse/spmm_params.h"
 

@@ -8,6 +8,7 @@
 
 #include "common/cuda_helpers.h"
 #include "common/handle_pool.h"
+#include "sparse/bindings.h"
 #include "sparse/spmm_kernels.h"
 #include "sparse/spmm_params.h"
 

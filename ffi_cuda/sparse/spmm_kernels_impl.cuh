@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "sparse/heuristics.h"
 #include "sparse/spmm_kernels.h"
 
 namespace jax_ops::sparse {
@@ -542,7 +543,7 @@ constexpr int SlotsMinBlocks() {
 // column tile of G * VEC columns), G column lanes by S slots. Slot j walks the item's entries j, j + S, ... four
 // at a time, so every lane has four B-row gathers in flight; the slots' partial sums meet in a fixed xor tree
 // (deterministic). S grows with the nnz per item (SlotsFor), so long rows (CSR(Aᵀ) of a tall least-squares
-// matrix) get up to 32 lanes. H200, N = 16 f32, LSMR's matrices (jax_ops.bench lsmr_products, docs/sparse.md):
+// matrix) get up to 32 lanes. H200, N = 16 f32, LSMR's matrices (jax_ops.bench lsmr_products, docs/design/sparse.md):
 // A V 1.04x (11kv-like) / 1.25x (ba-like) the group kernel, 11kv-like Aᵀ U 1.70x the split plan; ba-like Aᵀ U
 // (random gathers from a U larger than L2) 0.89x.
 // Items [i0, i1) (rows, or split units in unit mode) by the teams of CTAs [0, ctas) of a grid-stride, `cta` this
@@ -601,13 +602,6 @@ __device__ __forceinline__ void SpmmSlotsBody(const SpmmArgs<T, Acc>& a, int64_t
 template <typename T, typename Acc, int G, int VEC, int S, bool kUnitMode>
 __global__ void __launch_bounds__(kThreads, (SlotsMinBlocks<T, G>())) SpmmSlotsKernel(SpmmArgs<T, Acc> a) {
   SpmmSlotsBody<T, Acc, G, VEC, S, kUnitMode>(a, 0, kUnitMode ? UnitsTotal(a) : a.m, blockIdx.x, gridDim.x);
-}
-
-// Slots per team for items averaging `avg` nnz (H200 --lsmr-block, N = 16 f32: rows of 18-21 best at S = 1, of
-// 840-892 at S = 2-8 within 7 %), capped so the team fits in a warp. jax_ops.sparse._spmm_slots must match.
-__host__ __device__ inline int SlotsFor(double avg, int g) {
-  const int s = avg >= 256 ? 8 : avg >= 128 ? 4 : avg >= 64 ? 2 : 1;
-  return s < 32 / g ? s : 32 / g;
 }
 
 // Segmented SpMM (N > 1, 16-byte rows) over the N == 1 segment table (spmm_params.h): CTA b runs its segment's

@@ -58,21 +58,22 @@
 
 namespace jax_ops::sparse {
 
+// The `algorithm` attribute (exported to Python as sparse_algorithm_<name>).
 enum Algorithm : int32_t { kVector = 0, kCta = 1, kSplit = 2, kStream = 3, kSegmented = 4, kCusparse = 5, kBlocks = 6 };
 
-// Largest block height R of the blocks plan (jax_ops.sparse.MAX_BLOCK_ROWS must match).
+// Largest block height R of the blocks plan (exported to Python as sparse_max_block_rows).
 constexpr int64_t kMaxBlockRows = 4;
 
 // Bytes at the start of a cusparse-plan workspace that hold the zero beta (cuSPARSE's buffer starts after them,
-// aligned). jax_ops.sparse._CUSPARSE_ZERO_BYTES must match.
+// aligned; exported to Python as sparse_cusparse_zero_bytes).
 constexpr int64_t kCusparseZeroBytes = 256;
 
 // Lanes per row a segment table entry stands for: 1, 2, 4, 8, 16 as given, anything else 32 (both twins).
 inline constexpr int SegmentGroup(int32_t g) { return g == 1 || g == 2 || g == 4 || g == 8 || g == 16 ? g : 32; }
 
 // Rows one 256-thread CTA of the row-block kernel covers per step for lanes-per-row G (RowsConfig in
-// spmm_kernels_impl.cuh: U = 1 for G = 1, else 2; 8 warps of U * 32 / G rows). jax_ops.sparse._segment_rows_per_cta
-// must match.
+// spmm_kernels_impl.cuh: U = 1 for G = 1, else 2; 8 warps of U * 32 / G rows); Python reads the table
+// sparse_segment_rows_per_cta (G = 1, 2, 4, ..., 32).
 inline constexpr int64_t SegmentRowsPerCta(int32_t g) {
   return 8 * (SegmentGroup(g) == 1 ? 32 : 2 * (32 / SegmentGroup(g)));
 }
@@ -241,21 +242,3 @@ SpmmArgs<T, Acc> MakeSpmmArgs(const SpmmShape& s, const ffi::AnyBuffer& indptr, 
 }
 
 }  // namespace jax_ops::sparse
-
-// FFI binding of jax_ops_sparse_csr_spmm for both platforms (the CUDA handler passes a Bind() with the stream):
-// inputs indptr, indices, values, b, alpha, beta, y, long_rows, long_ptr; results out, workspace; attributes.
-#define JAX_OPS_CSR_SPMM_BINDING(BIND) \
-  BIND.Arg<xla::ffi::AnyBuffer>()      \
-      .Arg<xla::ffi::AnyBuffer>()      \
-      .Arg<xla::ffi::AnyBuffer>()      \
-      .Arg<xla::ffi::AnyBuffer>()      \
-      .Arg<xla::ffi::AnyBuffer>()      \
-      .Arg<xla::ffi::AnyBuffer>()      \
-      .Arg<xla::ffi::AnyBuffer>()      \
-      .Arg<xla::ffi::AnyBuffer>()      \
-      .Arg<xla::ffi::AnyBuffer>()      \
-      .Ret<xla::ffi::AnyBuffer>()      \
-      .Ret<xla::ffi::AnyBuffer>()      \
-      .Attr<int32_t>("algorithm")      \
-      .Attr<int32_t>("group")          \
-      .Attr<int64_t>("chunk")

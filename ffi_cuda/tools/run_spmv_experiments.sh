@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The sparse experiments for a GPU call, from the repo root on the GPU machine (nothing to carry): builds
-# spmv_bench there (nvcc, cudart static, the toolkit's or the wheel's libcusparse; ~1 min), then runs
+# sparse_spmv_bench there (nvcc, cudart static, the toolkit's or the wheel's libcusparse; ~1 min), then runs
 #   --small       every-path ragged checks (all dtypes; split/segmented tails and slab kernels included)
 #   --lsmr-block  LSMR's 16-RHS block iteration: N = 16 SpMM plans, cuSPARSE SpMM, k = 16 vector passes
 #   --tails       the dispatched plan vs cuSPARSE on the cases below 0.9x, with the remaining candidates
@@ -19,14 +19,14 @@ FFI_INC=$("$PY" -c "import jax.ffi as f; print(f.include_dir())")
 BIN=/tmp/spmv_bench_exp
 t0=$(date +%s)
 if ! nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -cudart static \
-    -I "$REPO/ffi_cuda" -isystem "$FFI_INC" "$REPO/ffi_cuda/tools/spmv_bench.cu" -o "$BIN" \
+    -I "$REPO/ffi_cuda" -isystem "$FFI_INC" "$REPO/ffi_cuda/tools/sparse_spmv_bench.cu" -o "$BIN" \
     -L "$LIB" -l:libcusparse.so.12 >"$OUTDIR/build_spmv.log" 2>&1; then
   tail -20 "$OUTDIR/build_spmv.log"
-  echo "spmv_bench build FAILED"
+  echo "sparse_spmv_bench build FAILED"
   exit 1
 fi
 rm -f "$OUTDIR/build_spmv.log"
-echo "spmv_bench built ($(($(date +%s) - t0)) s); libcusparse from $LIB"
+echo "sparse_spmv_bench built ($(($(date +%s) - t0)) s); libcusparse from $LIB"
 export LD_LIBRARY_PATH="$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 status=0
 for mode in $MODES; do

@@ -9,10 +9,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "sparse/heuristics.h"
+
 namespace jax_ops::sparse::slab_host {
 
-// Shared memory per CTA for u[slab]: jax_ops.sparse.SLAB_SMEM_BYTES (2 CTAs per SM on H100/H200).
-constexpr int64_t kSlabSmemBytes = 115712;
+using jax_ops::sparse::kSlabSmemBytes;  // the library's default slab shared memory (sparse/heuristics.h)
 
 struct SlabHost {
   int64_t rows = 0, cols = 0, nnz = 0;  // operator rows (A's columns), gathered length (A's rows), kept entries

@@ -24,6 +24,7 @@ import numpy as np
 from jax.experimental import sparse as jsparse
 
 from jax_ops import sparse
+from jax_ops._src.sparse import formats as sparse_formats
 from jax_ops.bench.harness import compiled_temp_bytes, time_call, time_loop
 
 
@@ -192,7 +193,7 @@ def run(ctx) -> list[dict]:
             # the whole pair: CSR(Aᵀ), the host profiles and, where the predicate says so, the column slabs
             t_build = time_call(lambda A=A: sparse.csr_pair(A), min_seconds=0.0, repeats=3)
             t_transpose = time_call(
-                lambda A=A, m=m, k=k: sparse._transpose_csr(A.indptr, A.indices, A.data, m, k),
+                lambda A=A, m=m, k=k: sparse_formats._transpose_csr(A.indptr, A.indices, A.data, m, k),
                 min_seconds=0.0,
                 repeats=3,
             )

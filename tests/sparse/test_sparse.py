@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from csr_helpers import bcsr as _bcsr
-from csr_helpers import rel_err as _rel
+from helpers import rel_err as _rel
 from jax.experimental import sparse as jsparse
 
 from jax_ops import sparse
+from jax_ops._src.sparse import formats as sformats
+from jax_ops._src.sparse import plan as splan
 
 TOL = {np.float32: 1e-5, np.float64: 1e-12, np.float16: 2e-3, jnp.bfloat16: 1e-2}
 DTYPES = [np.float32, np.float16, jnp.bfloat16]  # float64 runs in its own x64 tests
@@ -467,7 +469,7 @@ def test_bad_inputs():
 
 def test_size_limit_message():
     with pytest.raises(ValueError, match="2\\^31"):
-        sparse._check_sizes(2**31, 4, 10)
+        sformats._check_sizes(2**31, 4, 10)
 
 
 def test_spmm_of_few_long_rows_takes_split():
@@ -483,7 +485,7 @@ def test_spmm_of_few_long_rows_takes_split():
     assert not sparse.spmm_takes_split(pair.plan, 3000, pair.nnz, 16, 4)  # short rows keep theirs
     # the lane count includes the 16-byte kernel's slots (SlotsFor): CSR(Aᵀ) of LSMR's 8kv-like matrix (6177 rows
     # of ~892) has 6177 * 4 * 8 lanes >= 2^16 and stays unsplit; 2000 such rows would split
-    assert (sparse._spmm_slots(892, 4), sparse._spmm_slots(19.4, 4), sparse._spmm_slots(892, 32)) == (8, 1, 1)
+    assert (splan._spmm_slots(892, 4), splan._spmm_slots(19.4, 4), splan._spmm_slots(892, 32)) == (8, 1, 1)
     assert not sparse.spmm_takes_split(sparse.Plan("vector", 32), 6177, 6177 * 892, 16, 4)
     assert sparse.spmm_takes_split(sparse.Plan("vector", 32), 2000, 2000 * 892, 16, 4)
     U, Y = _rand((3000, 16), np.float32), _rand((24, 16), np.float32, seed=2)
@@ -600,7 +602,7 @@ def test_segments_rule():
     assert not sparse.segmented_applies(np.concatenate([[0], np.cumsum(lens)]), 100)
     lens = np.concatenate([np.full(30, 300), np.full(20000, 5)])  # the warp class holds < 10% of nnz
     assert not sparse.segmented_applies(np.concatenate([[0], np.cumsum(lens)]), 10)
-    table, ptr, ctas = sparse._segment_table(segs)
+    table, ptr, ctas = splan._segment_table(segs)
     assert list(table) == [0, 300, 4, 300, 1200, 1]
     assert list(ptr) == [0, 3, 7] and ctas == 7  # 128 rows per CTA at G = 4, 256 at G = 1
 
@@ -617,9 +619,7 @@ def _auto_plan(indptr, k, itemsize=4):
     """The plan the default dispatch gives a matrix with this concrete indptr and k columns."""
     ip = np.asarray(indptr, np.int64)
     prof = sparse.RowProfile.from_indptr(ip)
-    plan, _, _ = sparse._make_plan(
-        ip.astype(np.int32), int(ip[-1]), ip.size - 1, prof, None, None, k, itemsize
-    )
+    plan, _, _ = splan.make_plan(ip.astype(np.int32), int(ip[-1]), ip.size - 1, prof, None, None, k, itemsize)
     return plan
 
 
@@ -644,7 +644,7 @@ def test_segmented_auto_rule_outcomes():
     t = _t_indptr(cols, k)
     assert [g for _, _, g in sparse.segments_host(t)] == [32, 16, 1]
     plan = _auto_plan(t, m)
-    assert plan.algorithm == "segmented" and plan.chunk == sparse._segment_table(sparse.segments_host(t))[2]
+    assert plan.algorithm == "segmented" and plan.chunk == splan._segment_table(sparse.segments_host(t))[2]
     assert _auto_plan(ip, k).algorithm == "vector"  # its Ax: 12 per row
     # bundle-adj 1M's classes (camera rows of 100, point rows of 8), half size
     ip, cols, _, (m, k) = gen_bundle_adjustment(500_000, 10_000, 125_000)
@@ -675,7 +675,7 @@ def _prof(avg, p95, mx, rows=1_000_000):
 
 def test_vector_group_rule_outcomes():
     """N = 1 vector G (docs/sparse.md dispatch table) on the profiles measured on the H200."""
-    group = lambda prof, k, itemsize=4: sparse._group_for("vector", prof, prof.rows, prof.nnz, k, itemsize)
+    group = lambda prof, k, itemsize=4: splan._group_for("vector", prof, prof.rows, prof.nnz, k, itemsize)
     assert group(_prof(21.1, 29, 47), 1_000_000) == 8  # power-law 1M Aᵀu (u 4 MB): 167.2 -> 150.0 µs
     assert group(_prof(16.0, 23, 40, 2_000_000), 2_000_000) == 8  # uniform 2M Aᵀu: 272.8 -> 257.1 µs
     assert group(_prof(25.8, 108, 156), 2_000_000) == 4  # bundle 1M Aᵀu: p95 > 2 avg
@@ -689,8 +689,8 @@ def test_vector_group_rule_outcomes():
     assert group(_prof(21.0, 29, 46), 20_000, itemsize=8) == 8  # f64: 160 KB
     assert group(_prof(15.9, 23, 40), 1_000_000) == 4  # avg < 16
     assert group(_prof(70.0, 100, 140), 1_000_000) == 8  # avg >= 64: the base rule
-    assert sparse._group_for("vector", None, 1000, 21_000, 1_000_000) == 4  # traced: avg only
-    assert sparse._group_for("split", _prof(21.1, 29, 200_000), 1, 1, 1_000_000) == 8  # split: unchanged
+    assert splan._group_for("vector", None, 1000, 21_000, 1_000_000) == 4  # traced: avg only
+    assert splan._group_for("split", _prof(21.1, 29, 200_000), 1, 1, 1_000_000) == 8  # split: unchanged
 
 
 def test_default_dispatch_segmented():

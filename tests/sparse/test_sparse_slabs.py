@@ -1,6 +1,7 @@
 """Column-slab Aᵀu (CSRPair.rmatvec with slabs) on the CPU twin: forced slabs vs a float64 NumPy reference on
 ragged shapes, the slab format and work list, BCOO padding/duplicates, jit/grad/vmap, and the predicate."""
 
+import contextlib
 import dataclasses
 
 import jax
@@ -10,10 +11,11 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from csr_helpers import bcsr as _bcsr
-from csr_helpers import rel_err as _rel
+from helpers import rel_err as _rel
 from jax.experimental import sparse as jsparse
 
 from jax_ops import sparse
+from jax_ops._src.sparse import slabs as sslabs
 
 SLAB_TARGET = "jax_ops_sparse_slab_spmv"
 
@@ -51,13 +53,14 @@ CASES = {
 
 
 @pytest.fixture
-def width(monkeypatch):
+def width():
     """Sets the slab width (in entries of the value dtype) by shrinking the shared-memory budget."""
+    with contextlib.ExitStack() as stack:
 
-    def set_width(w, itemsize):
-        monkeypatch.setattr(sparse, "SLAB_SMEM_BYTES", w * itemsize)
+        def set_width(w, itemsize):
+            stack.enter_context(sparse.overrides(slab_smem_bytes=w * itemsize))
 
-    return set_width
+        yield set_width
 
 
 def _check_format(pair, a):
@@ -134,7 +137,7 @@ def test_slab_format_one_slab_and_work_lists(width):
     _check_format(pair, a)
     # the static (traced-build) work list covers every cell too
     for rows, j, items in ((37, 6, 264), (1, 8, 264), (1000, 3, 2), (5, 100, 7)):
-        w = sparse._slab_work_static(rows, j, items).reshape(-1, 3)
+        w = sslabs._slab_work_static(rows, j, items).reshape(-1, 3)
         cover = np.zeros((j, rows), np.int64)
         for sl, r0, r1 in w:
             cover[sl, r0:r1] += 1
@@ -252,7 +255,7 @@ def test_predicate_only_where_the_gpu_fits_a_slab(cc, fits, monkeypatch):
     # the launch, so slabs=None must not build slabs for them.
     gpu = type("FakeGpu", (), {"platform": "gpu", "compute_capability": cc})()
     monkeypatch.setattr(jax, "devices", lambda *a, **k: [gpu])
-    assert sparse._slabs_fit_device() is fits
+    assert sslabs._slabs_fit_device() is fits
 
 
 @pytest.mark.parametrize(

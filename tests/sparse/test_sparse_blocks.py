@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from csr_helpers import bcsr as _bcsr
-from csr_helpers import rel_err as _rel
+from helpers import rel_err as _rel
 from jax.experimental import sparse as jsparse
 
 from jax_ops import _ffi, sparse
@@ -72,16 +72,16 @@ def test_block_rows_detection():
     assert sparse.block_rows_host(at.indptr, at.indices, 4) == 1
 
 
-def test_block_rows_detection_past_the_probe(monkeypatch):
+def test_block_rows_detection_past_the_probe():
     """The first blocks are compared first (a quick reject); a mismatch after them still rejects R."""
-    monkeypatch.setattr(sparse, "_BLOCK_PROBE", 8)
-    b = _blocked(50, 300, 4, 3)
-    assert sparse.block_rows_host(b.indptr, b.indices) == 4
-    for block in (2, 20, 49):  # inside the probe, after it, the last block
-        idx = b.indices.copy()
-        row = 4 * block + 3
-        idx[b.indptr[row]] = (idx[b.indptr[row]] + 1) % 300
-        assert sparse.block_rows_host(b.indptr, idx) == 1, block
+    with sparse.overrides(block_probe=8):
+        b = _blocked(50, 300, 4, 3)
+        assert sparse.block_rows_host(b.indptr, b.indices) == 4
+        for block in (2, 20, 49):  # inside the probe, after it, the last block
+            idx = b.indices.copy()
+            row = 4 * block + 3
+            idx[b.indptr[row]] = (idx[b.indptr[row]] + 1) % 300
+            assert sparse.block_rows_host(b.indptr, idx) == 1, block
 
 
 def test_blocks_format(x64):

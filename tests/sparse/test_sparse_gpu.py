@@ -11,10 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from helpers import rel_err as _rel
 from jax.experimental import sparse as jsparse
 
 import jax_ops
 from jax_ops import sparse
+from jax_ops._src.sparse import plan as splan
 
 pytestmark = pytest.mark.gpu
 TOL = {np.float32: 1e-5, np.float64: 1e-12, np.float16: 2e-3, jnp.bfloat16: 1e-2}
@@ -26,13 +28,6 @@ def _gpu():
 
 def _cpu():
     return jax.devices("cpu")[0]
-
-
-def _rel(out, ref):
-    out = np.asarray(jnp.asarray(out).astype(jnp.float32) if out.dtype != np.float64 else out, np.float64)
-    assert np.all(np.isfinite(out)), "non-finite output (unwritten or poisoned element)"
-    ref = np.asarray(ref, np.float64)
-    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300)
 
 
 def _power_law(m, k, seed=0, avg=8, max_len=20000):
@@ -309,7 +304,7 @@ def test_small_spmm_slots(avg):
     a = sp.random(
         97, 1000, density=avg / 1000, format="csr", random_state=np.random.default_rng(avg), dtype=np.float64
     )
-    assert sparse._spmm_slots(a.nnz / a.shape[0], 4) == {20: 1, 80: 2, 150: 4, 400: 8}[avg]
+    assert splan._spmm_slots(a.nnz / a.shape[0], 4) == {20: 1, 80: 2, 150: 4, 400: 8}[avg]
     for dtype, n in (
         (np.float32, 16),
         (np.float32, 12),
@@ -364,12 +359,14 @@ def _slab_ragged():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_small_slabs_ragged(dtype, monkeypatch):
+def test_small_slabs_ragged(dtype):
     # Forced slabs of width 836 (J = 6) vs the CSR(Aᵀ) kernel, the CPU twin and float64; the output is y itself
     # (donated, aliased), so an unwritten element would keep y's value. NaN in u where no entry reads it (the empty
     # slab) must not leak.
-    with jax.enable_x64(dtype == np.float64):
-        monkeypatch.setattr(sparse, "SLAB_SMEM_BYTES", 836 * np.dtype(dtype).itemsize)
+    with (
+        jax.enable_x64(dtype == np.float64),
+        sparse.overrides(slab_smem_bytes=836 * np.dtype(dtype).itemsize),
+    ):
         a = _slab_ragged()
         ref_a = _rounded(a, dtype)
         outs = {}

@@ -1,0 +1,1 @@
+"""The sparse family (public names: jax_ops.sparse)."""

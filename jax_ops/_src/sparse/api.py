@@ -1,0 +1,133 @@
+"""The sparse family's public functions: ``matmul`` / ``spmv`` / ``spmm`` over BCSR, BCOO, scipy.sparse or a
+CSRPair, and ``profile_of``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_ops import _checks
+from jax_ops._src import dispatch
+from jax_ops._src.sparse.csr_pair import CSRPair, backend
+from jax_ops._src.sparse.formats import RowProfile, _acc_dtype, _as_csr, _dense, _sanitize_indptr
+from jax_ops._src.sparse.plan import ALGORITHMS, plan_unpaired
+from jax_ops._src.sparse.vjp import _apply, _Static
+
+
+def _matmul_sparse_dense(A, B, *, algorithm, split_chunk, implementation, name):
+    if isinstance(A, CSRPair):
+        if algorithm is not None or split_chunk is not None:  # testing: rebuild with the forced plan
+            A = CSRPair.from_matrix(
+                _pair_as_bcsr(A),
+                algorithm=algorithm,
+                transpose_algorithm=algorithm,
+                split_chunk=split_chunk,
+                implementation=A.implementation,
+                slabs=A.slabs_t is not None,
+                blocks=None if A.blocks is not None or A.blocks_t is not None else False,
+            )
+        if implementation is not None:
+            A = dataclasses.replace(A, implementation=implementation)
+        return A.matmat(B) if getattr(B, "ndim", 1) == 2 else A.matvec(B)
+    indptr, indices, values, m, k, _ = _as_csr(A)
+    nnz = int(indices.shape[0])
+    b2, vec = _dense(name, B, k, values.dtype, what=f"A of shape {(m, k)}")
+    impl = backend(implementation)
+    if algorithm in ("split", "cusparse") or impl == "xla":
+        indptr = _sanitize_indptr(indptr, nnz)  # (cusparse runs as split here: the columns are not checked)
+    plan, lr, lp = plan_unpaired(indptr, nnz, m, algorithm, split_chunk)
+    n = b2.shape[1]
+    acc = _acc_dtype(values.dtype)
+    ones = jnp.ones((n,), acc)
+    st = _Static(m, k, plan, None, impl)
+    empty_t = (jnp.zeros((0,), jnp.int32),) * 4
+    out = _apply(
+        st,
+        (indptr, indices, lr, lp),
+        empty_t,
+        values,
+        jnp.zeros((0,), values.dtype),
+        None,
+        b2,
+        ones,
+        ones,
+        jnp.zeros((0,), values.dtype),
+    )
+    return out[:, 0] if vec else out
+
+
+def _pair_as_bcsr(p: CSRPair):
+    from jax.experimental import sparse as jsparse
+
+    return jsparse.BCSR((p.values, p.indices, p.indptr), shape=p.shape)
+
+
+def _is_sparse(x) -> bool:
+    if isinstance(x, CSRPair):
+        return True
+    mod = type(x).__module__
+    return type(x).__name__ in ("BCSR", "BCOO") or mod.startswith("scipy.sparse")
+
+
+def matmul(
+    A, B, *, algorithm: str | None = None, split_chunk: int | None = None, implementation: str | None = None
+) -> jax.Array:
+    """``A @ B`` for sparse A (BCSR, BCOO, scipy.sparse or CSRPair) and dense B ``[K]``/``[K, N]``, or
+    ``B @ A`` for dense B ``[M]``/``[N, M]`` (computed as ``(Aᵀ Bᵀ)ᵀ``; cheap for a CSRPair, a transpose build
+    otherwise).
+
+    Args:
+      algorithm: force one of ALGORITHMS (testing; "cusparse" on a BCSR/BCOO runs as split, since only a CSRPair
+        build checks the column indices cuSPARSE needs); None uses the row profile of a CSRPair or, for BCSR/BCOO,
+        the static average row length (vector or warp).
+      split_chunk: nnz per work unit of the split algorithm.
+      implementation: None (the kernel: on the CPU its twin, faster there than the reference), "ffi" (the kernel)
+        or "xla" (the jnp reference).
+    """
+    dispatch.check_implementation(implementation)
+    if algorithm is not None and algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS} or None, got {algorithm!r}")
+    if _is_sparse(A):
+        return _matmul_sparse_dense(
+            A, B, algorithm=algorithm, split_chunk=split_chunk, implementation=implementation, name="B"
+        )
+    if _is_sparse(B):
+        pair = B if isinstance(B, CSRPair) else CSRPair.from_matrix(B, implementation=implementation)
+        if implementation is not None:
+            pair = dataclasses.replace(pair, implementation=implementation)
+        _checks.check_array("A", A)
+        if A.ndim == 1:
+            return pair.rmatvec(A)
+        if A.ndim != 2:
+            raise ValueError(f"the dense operand A must have rank 1 or 2, got shape {tuple(A.shape)}")
+        return pair.rmatmat(A.T).T
+    raise TypeError(f"matmul needs one sparse operand, got {type(A).__name__} and {type(B).__name__}")
+
+
+def spmv(
+    A, x, *, algorithm: str | None = None, split_chunk: int | None = None, implementation: str | None = None
+) -> jax.Array:
+    """``A @ x`` for x ``[K]`` (see :func:`matmul`)."""
+    _checks.check_array("x", x)
+    if x.ndim != 1:
+        raise ValueError(f"x must be a vector [K], got shape {tuple(x.shape)} (use spmm for matrices)")
+    return matmul(A, x, algorithm=algorithm, split_chunk=split_chunk, implementation=implementation)
+
+
+def spmm(
+    A, B, *, algorithm: str | None = None, split_chunk: int | None = None, implementation: str | None = None
+) -> jax.Array:
+    """``A @ B`` for B ``[K, N]`` (see :func:`matmul`)."""
+    _checks.check_array("B", B)
+    if B.ndim != 2:
+        raise ValueError(f"B must be a matrix [K, N], got shape {tuple(B.shape)} (use spmv for vectors)")
+    return matmul(A, B, algorithm=algorithm, split_chunk=split_chunk, implementation=implementation)
+
+
+def profile_of(A) -> RowProfile:
+    """Row profile of a concrete matrix (host-side)."""
+    indptr, _, _, _, _, _ = _as_csr(A)
+    return RowProfile.from_indptr(np.asarray(indptr))
