@@ -1,4 +1,4 @@
-"""Timing method shared by every suite (ARCHITECTURE.md "Benchmarks").
+"""Timing method shared by every suite (the why: docs/design/benchmarks.md).
 
 ``time_loop`` jits a ``lax.fori_loop`` of K dependent calls, with the operands passed as jit *arguments* (never
 captured constants, which XLA would constant-fold), picks K so one run lasts >= ``min_seconds``, warms up, and
