@@ -1,5 +1,8 @@
 """The build and the FFI registration."""
 
+import pathlib
+import re
+
 import jax
 import pytest
 
@@ -61,3 +64,61 @@ def test_runtime_info_on_gpu():
     assert info["cublaslt_version"] > 0
     assert info["cusparse_version"] > 0
     assert info["cudart_version"] >= 12000
+
+
+# ---------------------------------------------------------------- the CMake source lists
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FFI = ROOT / "ffi_cuda"
+_LISTED = re.compile(r'"\$\{CMAKE_CURRENT_LIST_DIR\}/([^"]+)"')
+
+
+def _listed_sources() -> set[pathlib.Path]:
+    """Every file the families' sources.cmake name (paths are ${CMAKE_CURRENT_LIST_DIR}/...)."""
+    out = set()
+    for cmake in FFI.rglob("sources.cmake"):
+        for rel in _LISTED.findall(cmake.read_text()):
+            out.add((cmake.parent / rel).resolve())
+    return out
+
+
+def test_sources_cmake_lists_every_translation_unit():
+    """CMake has no globs: a .cu / _cpu.cc that no sources.cmake names is not built. Tools build from
+    ffi_cuda/tools/CMakeLists.txt; registrations_*.cc from the top-level CMakeLists.txt."""
+    listed = _listed_sources()
+    units = [
+        p.resolve()
+        for p in FFI.rglob("*")
+        if (p.suffix == ".cu" or p.name.endswith("_cpu.cc"))
+        and "tools" not in p.relative_to(FFI).parts
+        and p.parent != FFI
+    ]
+    assert units, "no translation units found"
+    missing = sorted(str(p.relative_to(ROOT)) for p in units if p not in listed)
+    assert not missing, f"not named by any ffi_cuda/<family>/sources.cmake (so not built): {missing}"
+    gone = sorted(str(p) for p in listed if not p.exists())
+    assert not gone, f"sources.cmake names files that do not exist: {gone}"
+
+
+def test_every_family_sources_cmake_is_included():
+    """A family folder with a sources.cmake is in JAX_OPS_FAMILIES (else its list is never read)."""
+    top = (ROOT / "CMakeLists.txt").read_text()
+    families = re.search(r"set\(JAX_OPS_FAMILIES ([^)]*)\)", top).group(1).split()
+    with_lists = {p.parent.relative_to(FFI).as_posix() for p in FFI.rglob("sources.cmake")}
+    assert with_lists == set(families), (with_lists, families)
+    assert "GLOB" not in top
+
+
+def test_tools_cmake_names_the_harnesses():
+    """ffi_cuda/tools/CMakeLists.txt builds exactly the family-prefixed harnesses, and each source exists."""
+    text = (FFI / "tools" / "CMakeLists.txt").read_text()
+    tools = dict(re.findall(r"jax_ops_add_tool\((\w+) (\S+\.cu)", text))
+    assert tools == {
+        "attention_fwd_bench": "attention_fwd_bench.cu",
+        "attention_bwd_bench": "attention_bwd_bench.cu",
+        "sparse_spmv_bench": "sparse_spmv_bench.cu",
+        "lsmr_bench": "lsmr_bench.cu",
+    }
+    assert all((FFI / "tools" / src).exists() for src in tools.values())
+    # .ci/gpu builds them from the same CMake build (no nvcc line of its own).
+    gpu = (ROOT / ".ci" / "gpu").read_text()
+    assert "JAX_OPS_TOOLS=ON" in gpu and "nvcc " not in gpu

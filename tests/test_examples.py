@@ -49,3 +49,25 @@ def test_lsmr_tomography_matches_scipy():
     assert istop == istop_s and abs(itn - itn_s) <= max(1, 0.02 * itn_s)  # float32: itn within 2 %
     assert abs(res - res_s) <= 1e-4 * res_s + 1e-6
     assert err < 0.5  # a reconstruction, not noise
+
+
+README = EXAMPLES.parent / "README.md"
+
+
+def _readme_snippets() -> list[str]:
+    text = README.read_text()
+    return [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
+
+
+@pytest.mark.parametrize("index", range(3), ids=["attention", "sparse", "lsmr"])
+def test_readme_snippet_runs(index, capsys):
+    """The README's per-family snippets run as written (CPU; the default implementation)."""
+    snippets = _readme_snippets()
+    assert len(snippets) == 3
+    exec(compile(snippets[index], f"README.md snippet {index}", "exec"), {})
+    printed = capsys.readouterr().out
+    assert printed.strip()
+    if index == 0:
+        assert float(printed.split()[-1]) < 1e-4  # attention matches jax.nn
+    if index == 1:
+        assert printed.startswith("True")  # CSRPair.matvec == sparse.matmul

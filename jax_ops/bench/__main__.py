@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import platform
 import sys
 import time
@@ -11,62 +13,66 @@ import time
 import jax
 
 from jax_ops.bench import EXTRA_SUITES, SUITES, Context, measure_ceilings, run_suite
+from jax_ops.bench.tables import TABLE_WIDTH, columns, format_table, write_csv
+
+__all__ = ["format_table", "main"]
 
 
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        if v == 0 or 1e-3 <= abs(v) < 1e5:
-            return f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
-        return f"{v:.2e}"
-    return str(v)
+def _plot_label_fields(rows: list[dict]) -> list[str]:
+    """The fields besides ``case`` that tell a case's rows of one implementation apart (sparse: dtype, op, N)."""
+    out = []
+    for key in columns(rows):
+        if key in ("case", "impl", "note") or not all(
+            isinstance(r.get(key), (str, int)) or r.get(key) is None for r in rows
+        ):
+            continue
+        per_case_impl: dict = {}
+        for r in rows:
+            per_case_impl.setdefault((r["case"], r["impl"]), set()).add(r.get(key))
+        if any(len(v) > 1 for v in per_case_impl.values()):
+            out.append(key)
+    return out
 
 
-def format_table(rows: list[dict]) -> str:
-    if not rows:
-        return "(no rows)"
-    cols: list[str] = []
-    for row in rows:
-        for key in row:
-            if key not in cols and key not in ("suite",):
-                cols.append(key)
-    cells = [[_fmt(row.get(c)) for c in cols] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
-    line = "  ".join(c.ljust(w) for c, w in zip(cols, widths))
-    out = [line, "-" * len(line)]
-    out += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
-    return "\n".join(out)
-
-
-def _plot(rows: list[dict], path: str) -> None:
+def _require_matplotlib():
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
-        return
-    suites = sorted({r["suite"] for r in rows})
-    fig, axes = plt.subplots(len(suites), 1, figsize=(10, 3.5 * len(suites)), squeeze=False)
+    except ImportError as e:
+        raise SystemExit(
+            f"--plot needs matplotlib ({e}): pip install 'jax_ops[plot]' or pip install matplotlib"
+        ) from None
+    return plt
+
+
+def _plot(rows: list[dict], path: str) -> None:
+    """One bar chart per suite: a bar per (case + distinguishing fields, implementation), µs on a log scale;
+    the rows the table shows (skipped rows have no time)."""
+    plt = _require_matplotlib()
+    suites = list(dict.fromkeys(r["suite"] for r in rows))
+    fig, axes = plt.subplots(len(suites), 1, figsize=(12, 3.8 * len(suites)), squeeze=False)
     for ax, suite in zip(axes[:, 0], suites):
         srows = [r for r in rows if r["suite"] == suite and r.get("time_us")]
-        cases = list(dict.fromkeys(r["case"] for r in srows))
+        fields = _plot_label_fields(srows)
+        label = lambda r, fields=fields: " ".join(
+            [str(r["case"]), *(f"{k}={r[k]}" for k in fields if r.get(k) is not None)]
+        )
+        cases = list(dict.fromkeys(label(r) for r in srows))
         impls = list(dict.fromkeys(r["impl"] for r in srows))
+        times = {(label(r), r["impl"]): r["time_us"] for r in srows}
         width = 0.8 / max(len(impls), 1)
         for j, impl in enumerate(impls):
-            ys = [
-                next((r["time_us"] for r in srows if r["case"] == c and r["impl"] == impl), 0) for c in cases
-            ]
+            ys = [times.get((c, impl), 0) for c in cases]
             ax.bar([i + j * width for i in range(len(cases))], ys, width, label=impl)
         ax.set_xticks(
-            [i + 0.4 - width / 2 for i in range(len(cases))], cases, rotation=30, ha="right", fontsize=7
+            [i + 0.4 - width / 2 for i in range(len(cases))], cases, rotation=35, ha="right", fontsize=6
         )
         ax.set_yscale("log")
         ax.set_ylabel("µs")
         ax.set_title(suite)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -78,19 +84,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", action="append", default=[], help="keep the cases whose name contains this (repeatable)"
     )
-    parser.add_argument("--json", help="write results (rows, ceilings, device) to this file")
-    parser.add_argument("--plot", help="write a PNG plot to this file (needs matplotlib)")
+    parser.add_argument(
+        "--json",
+        help="write results (rows, ceilings, device) to this file, and every column to a .csv next to it",
+    )
+    parser.add_argument("--plot", help="write a PNG plot to this file (needs matplotlib: jax_ops[plot])")
+    parser.add_argument(
+        "--wide", action="store_true", help=f"print every row and column (default: fit {TABLE_WIDTH})"
+    )
     args = parser.parse_args(argv)
+    if args.plot:
+        _require_matplotlib()  # before the suites run, not after
 
     import jax_ops
 
     device = jax.devices()[0]
     print(f"device: {device.device_kind} ({jax.default_backend()}), jax {jax.__version__}", file=sys.stderr)
     ceilings = measure_ceilings(args.quick)
-    print(
-        f"ceilings: copy {ceilings.copy_gbps:.0f} GB/s, bf16 dot {ceilings.bf16_tflops:.1f} TFLOP/s",
-        file=sys.stderr,
-    )
+    print(f"ceilings: {ceilings.describe()}", file=sys.stderr)
     ctx = Context(quick=args.quick, ceilings=ceilings, only=tuple(args.only))
     names = list(SUITES) if args.suite == "all" else [args.suite]
     rows: list[dict] = []
@@ -98,11 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         suite_rows = run_suite(name, ctx)
         rows += suite_rows
-        print(f"\n== {name} ({time.perf_counter() - t0:.0f} s)\n{format_table(suite_rows)}", flush=True)
+        table = format_table(suite_rows, None if args.wide else TABLE_WIDTH)
+        print(f"\n== {name} ({time.perf_counter() - t0:.0f} s)\n{table}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
                 {
+                    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
                     "device": device.device_kind,
                     "backend": jax.default_backend(),
                     "jax": jax.__version__,
@@ -115,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                 f,
                 indent=1,
             )
+        write_csv(rows, os.path.splitext(args.json)[0] + ".csv")
     if args.plot:
         _plot(rows, args.plot)
     return 0

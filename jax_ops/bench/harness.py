@@ -1,4 +1,4 @@
-"""Timing method shared by every suite (ARCHITECTURE.md "Benchmarks").
+"""Timing method shared by every suite (the why: docs/design/benchmarks.md).
 
 ``time_loop`` jits a ``lax.fori_loop`` of K dependent calls, with the operands passed as jit *arguments* (never
 captured constants, which XLA would constant-fold), picks K so one run lasts >= ``min_seconds``, warms up, and
@@ -36,6 +36,22 @@ def time_loop(
     count is static: XLA then runs the loop without reading the loop predicate back to the host every iteration
     (a dynamic ``fori_loop`` costs a device-to-host sync per iteration, which would swamp calls of a few µs).
     """
+    return statistics.median(
+        time_loop_samples(
+            step, carry, *operands, min_seconds=min_seconds, repeats=repeats, max_iters=max_iters
+        )
+    )
+
+
+def time_loop_samples(
+    step: Callable[..., Any],
+    carry: Any,
+    *operands: Any,
+    min_seconds: float = 0.05,
+    repeats: int = 5,
+    max_iters: int = 1 << 16,
+) -> list[float]:
+    """``time_loop``'s ``repeats`` runs (seconds per call each), for a median and its spread."""
 
     @functools.partial(jax.jit, static_argnums=0)
     def run(k, carry, *ops):
@@ -53,8 +69,7 @@ def time_loop(
     # Smallest power of two lasting >= min_seconds (one more compile).
     k = int(min(max_iters, max(4, 2 ** math.ceil(math.log2(max(1.0, min_seconds / max(per_call, 1e-9)))))))
     once(k)
-    times = [once(k) / k for _ in range(repeats)]
-    return statistics.median(times)
+    return [once(k) / k for _ in range(repeats)]
 
 
 def time_call(fn: Callable[[], Any], *, min_seconds: float = 0.05, repeats: int = 5) -> float:
@@ -83,31 +98,77 @@ def compiled_temp_bytes(fn: Callable[..., Any], *args: Any) -> int | None:
         return None
 
 
+NOISY_SPREAD = 0.10  # (max - min) / median of a ceiling's runs above this: marked "(noisy)"
+
+
 @dataclasses.dataclass
 class Ceilings:
-    copy_gbps: float  # device-to-device streaming bandwidth, bytes read + written
-    bf16_tflops: float  # large bf16 jnp.dot rate on random data
+    copy_gbps: float  # streaming bandwidth, bytes read + written: the median of several runs
+    bf16_tflops: float | None  # large bf16 jnp.dot rate (GPU); None where the dot ceiling is f32 (CPU)
+    dot_tflops: float | None = None  # the dot ceiling in ``dot_dtype`` (bf16 on GPU, f32 on CPU)
+    dot_dtype: str = "bfloat16"
+    copy_spread: float = 0.0  # (max - min) / median over the runs
+    dot_spread: float = 0.0
 
-    def as_dict(self) -> dict[str, float]:
-        return dataclasses.asdict(self)
+    def __post_init__(self):
+        if self.dot_tflops is None:
+            self.dot_tflops = self.bf16_tflops
+
+    @property
+    def copy_noisy(self) -> bool:
+        return self.copy_spread > NOISY_SPREAD
+
+    @property
+    def dot_noisy(self) -> bool:
+        return self.dot_spread > NOISY_SPREAD
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "copy_noisy": self.copy_noisy, "dot_noisy": self.dot_noisy}
+
+    def describe(self) -> str:
+        """One line for the header: ``copy 4170 GB/s, bf16 dot 680 TFLOP/s`` (``(noisy)`` after a spread one)."""
+        noisy = lambda flag, spread: f" (noisy: runs spread {spread:.0%})" if flag else ""
+        dot = "n/a" if self.dot_tflops is None else f"{self.dot_tflops:.3g} TFLOP/s"
+        short = {"bfloat16": "bf16", "float32": "f32"}.get(self.dot_dtype, self.dot_dtype)
+        return (
+            f"copy {self.copy_gbps:.0f} GB/s{noisy(self.copy_noisy, self.copy_spread)}, "
+            f"{short} dot {dot}{noisy(self.dot_noisy, self.dot_spread)}"
+        )
 
 
-def measure_ceilings(quick: bool = False) -> Ceilings:
-    """Copy bandwidth (x -> x*c+d over a buffer far larger than L2) and the bf16 matmul rate, measured now."""
+def _spread(samples: list[float]) -> float:
+    return (max(samples) - min(samples)) / statistics.median(samples)
+
+
+def measure_ceilings(quick: bool = False, repeats: int = 7) -> Ceilings:
+    """Copy bandwidth (x -> x*c+d over a buffer far larger than L2) and the dense matmul rate, measured now:
+    the median of ``repeats`` runs each, with their spread. The dot is bf16 on a GPU and f32 on the CPU (where
+    bf16 matmuls are emulated and say nothing about the machine)."""
     on_gpu = jax.default_backend() == "gpu"
     n = (1 << 28 if on_gpu else 1 << 22) // (4 if quick else 1)
     x = jax.random.normal(jax.random.key(0), (n,), jnp.float32)
     stream = lambda c: c * jnp.float32(0.999) + jnp.float32(1e-3)
     # An idle GPU starts at low clocks: run ~1 s of streaming first, or the first ceiling reads 15-20% low.
     time_loop(stream, x, min_seconds=0.25 if quick else 1.0, repeats=1)
-    t = time_loop(stream, x)
-    copy_gbps = 2 * n * 4 / t / 1e9
+    copy = [2 * n * 4 / t / 1e9 for t in time_loop_samples(stream, x, repeats=repeats)]
     m = (8192 if on_gpu else 512) // (2 if quick else 1)
-    a = jax.random.normal(jax.random.key(1), (m, m), jnp.bfloat16)
-    b = jax.random.normal(jax.random.key(2), (m, m), jnp.bfloat16)
+    dtype = jnp.bfloat16 if on_gpu else jnp.float32
+    a = jax.random.normal(jax.random.key(1), (m, m), dtype)
+    b = jax.random.normal(jax.random.key(2), (m, m), dtype)
     # Dependent chain: feed a scaled copy of the product back as the next left operand.
-    t = time_loop(lambda c, b: (c @ b) * jnp.bfloat16(1.0 / m**0.5), a, b)
-    return Ceilings(copy_gbps=copy_gbps, bf16_tflops=2 * m**3 / t / 1e12)
+    scale = dtype(1.0 / m**0.5)
+    dot = [
+        2 * m**3 / t / 1e12 for t in time_loop_samples(lambda c, b: (c @ b) * scale, a, b, repeats=repeats)
+    ]
+    dot_tflops = statistics.median(dot)
+    return Ceilings(
+        copy_gbps=statistics.median(copy),
+        bf16_tflops=dot_tflops if on_gpu else None,
+        dot_tflops=dot_tflops,
+        dot_dtype=jnp.dtype(dtype).name,
+        copy_spread=_spread(copy),
+        dot_spread=_spread(dot),
+    )
 
 
 class Progress:
