@@ -5,6 +5,7 @@
 #include "attention/instantiations/support.h"
 #include "attention/params.h"
 #include "common/registration.h"
+#include "lsmr/params.h"
 #include "sparse/heuristics.h"
 #include "sparse/slab_spmv_params.h"
 #include "sparse/spmm_params.h"
@@ -85,6 +86,18 @@ NB_MODULE(_jax_ops_cpu, m) {
     }
 
     // lsmr
+    auto names = [](const auto& array) {
+      nb::list out;
+      for (const char* name : array) out.append(nb::str(name));
+      return out;
+    };
+    constants["lsmr_scalars"] = names(jax_ops::lsmr::kScalarNames);
+    constants["lsmr_ints"] = names(jax_ops::lsmr::kIntNames);
+    constants["lsmr_params"] = names(jax_ops::lsmr::kParamNames);
+    constants["lsmr_norm_threads"] = jax_ops::lsmr::kNormThreads;
+    constants["lsmr_norm_vector_bytes"] = jax_ops::lsmr::kNormVectorBytes;
+    constants["lsmr_partial_norms_unroll"] = jax_ops::lsmr::PartialNormsUpdate::kUnroll;
+    constants["lsmr_columns_cta_elems"] = jax_ops::lsmr::kColumnsCtaElems;
 
     return constants;
   });

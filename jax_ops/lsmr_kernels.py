@@ -1,227 +1,36 @@
 """Fused LSMR vector recurrences (internal kernels of ``jax_ops.lsmr``; public for testing and benchmarks).
 
-``step_update`` is one LSMR iteration's whole vector update (what the solver runs: v's normalisation, h, hbar,
-x and partial norms for ||x||); ``hbar_x_update`` and ``h_update`` are its h/hbar/x part as two kernels.
-They take float32 or float64 vectors of shape ``[..., n]`` and coefficients that are scalars or arrays
-of the vectors' leading shape ``[...]`` (one coefficient per row, as a block LSMR needs). Coefficients are
-run-time values (device buffers), so they can come from inside ``jax.lax.while_loop``. Results are aliased to
-the updated inputs (``hbar``/``x``, ``h``): under ``jit`` with donated inputs, or inside a loop carry, the
-update runs in place.
-
-Partitioning: elementwise; vmap adds leading rows (``vmap_method="broadcast_all"``), and under ``shard_map``
-each shard runs the kernel on its local block.
+The implementation lives in ``jax_ops._src.lsmr.kernels``; this module re-exports it (docs/lsmr.md).
 """
 
-from __future__ import annotations
+from jax_ops._src.lsmr.kernels import (
+    columns_partials,
+    h_update,
+    hbar_x_update,
+    iteration_scalars,
+    iteration_step,
+    norm_partials,
+    normalize,
+    partial_norms,
+    step_update,
+)
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from jax_ops import _checks, _ffi, reference
-
-_DTYPES = (np.float32, np.float64)
-
-
-def _coefficient(name: str, c, vec: jax.Array) -> jax.Array:
-    """A coefficient as an array of the vectors' leading shape and dtype."""
-    lead = tuple(vec.shape[:-1])
-    if isinstance(c, (int, float)) and not isinstance(c, bool):
-        return jnp.full(lead, c, dtype=vec.dtype)
-    _checks.check_array(name, c)
-    if np.dtype(c.dtype) != np.dtype(vec.dtype):
-        raise TypeError(f"{name} must have the vectors' dtype {np.dtype(vec.dtype)}, got {np.dtype(c.dtype)}")
-    if tuple(c.shape) not in ((), lead):
-        raise ValueError(
-            f"{name} must be a scalar or have the vectors' leading shape {lead}, got {tuple(c.shape)}"
-        )
-    return jnp.broadcast_to(c, lead)
-
-
-def _vectors(**named) -> list[jax.Array]:
-    (first_name, first), *rest = named.items()
-    _checks.check_array(first_name, first, dtypes=_DTYPES, min_rank=1)
-    for name, value in rest:
-        _checks.check_array(name, value, dtypes=_DTYPES, min_rank=1)
-    _checks.check_same_shape_dtype(first_name, first, **dict(rest))
-    return [jnp.asarray(v) for v in named.values()]
+__all__ = [
+    "columns_partials",
+    "h_update",
+    "hbar_x_update",
+    "iteration_scalars",
+    "iteration_step",
+    "norm_partials",
+    "normalize",
+    "partial_norms",
+    "step_update",
+]
 
 
-def hbar_x_update(h, hbar, x, c_h, c_x, *, implementation: str | None = None):
-    """Returns ``(hbar', x')`` with ``hbar' = h - c_h*hbar`` and ``x' = x + c_x*hbar'`` in one pass.
+def __getattr__(
+    name: str,
+):  # NUM_SCALARS, NUM_INTS, NUM_PARAMS, SCALARS, ...: native constants, read on first use
+    from jax_ops._src.lsmr import kernels
 
-    Args:
-      h, hbar, x: float32 or float64 arrays of one shape ``[..., n]``.
-      c_h, c_x: Python scalars or arrays of the vectors' dtype, shape ``()`` or ``[...]``.
-      implementation: ``None``/``"ffi"`` (the kernel) or ``"xla"`` (the jnp reference).
-    """
-    _checks.check_implementation(implementation)
-    h, hbar, x = _vectors(h=h, hbar=hbar, x=x)
-    c_h = _coefficient("c_h", c_h, h)
-    c_x = _coefficient("c_x", c_x, h)
-    if implementation == "xla":
-        return reference.lsmr_hbar_x_update(h, hbar, x, c_h, c_x)
-    out = jax.ShapeDtypeStruct(h.shape, h.dtype)
-    return tuple(
-        _ffi.ffi_call(
-            "jax_ops_lsmr_hbar_x", (out, out), h, hbar, x, c_h, c_x, input_output_aliases={1: 0, 2: 1}
-        )
-    )
-
-
-def h_update(v, h, c_v, *, implementation: str | None = None) -> jax.Array:
-    """Returns ``h' = v - c_v*h`` (aliased to ``h``). Arguments as in :func:`hbar_x_update`."""
-    _checks.check_implementation(implementation)
-    v, h = _vectors(v=v, h=h)
-    c_v = _coefficient("c_v", c_v, v)
-    if implementation == "xla":
-        return reference.lsmr_h_update(v, h, c_v)
-    out = jax.ShapeDtypeStruct(h.shape, h.dtype)
-    return _ffi.ffi_call("jax_ops_lsmr_h", out, v, h, c_v, input_output_aliases={1: 0})
-
-
-def norm_partials(n: int, dtype, unroll: int = 1) -> int:
-    """Length of the last axis of a kernel's partial norms of rows of length ``n``: :func:`step_update`'s and
-    :func:`iteration_step`'s (``unroll`` 1), :func:`partial_norms`' (``unroll`` 4). The CUDA kernel's CTAs per row;
-    mirrors ``NormPartials`` in ffi_cuda/lsmr/recurrence_params.h."""
-    per_cta = 256 * (16 // np.dtype(dtype).itemsize) * unroll
-    return 1 if n == 0 else -(-n // per_cta)
-
-
-_PARTIAL_NORMS_UNROLL = 4  # PartialNormsUpdate::kUnroll
-
-
-def columns_partials(n: int, k: int) -> int:
-    """Partial norms per column of a column-layout block [n, k] (``columns=True`` below): one per CTA, each taking
-    ``16384 // k`` rows (mirrors ``ColumnsPartials`` in ffi_cuda/lsmr/recurrence_params.h)."""
-    per_cta = 1 if k >= 16384 else 16384 // max(k, 1)
-    return 1 if n == 0 else -(-n // per_cta)
-
-
-def step_update(vb, v, h, hbar, x, s_v, keep_v, c_h, c_x, c_v, *, implementation: str | None = None):
-    """One LSMR iteration's vector update after its two products, in one pass.
-
-    Returns ``(v', h', hbar', x', partials)`` with ``v' = v if keep_v else vb*s_v``, ``hbar' = h - c_h*hbar``,
-    ``x' = x + c_x*hbar'`` and ``h' = v' - c_v*h`` (bitwise the same as XLA's ``jnp.where(keep_v, v, vb*s_v)``
-    followed by :func:`hbar_x_update` and :func:`h_update`), and ``partials`` ``[..., norm_partials(n)]``:
-    norms of pieces of each row of x' (each accumulated in float64), so ``||x'|| = ||partials||`` over the last
-    axis.
-
-    Args:
-      vb, v, h, hbar, x: float32 or float64 arrays of one shape ``[..., n]``; results alias v, h, hbar, x.
-      s_v, c_h, c_x, c_v: coefficients (Python scalars or arrays of the vectors' dtype, shape ``()`` or ``[...]``).
-      keep_v: a coefficient of the same kind: nonzero keeps ``v`` (SciPy's ``beta == 0`` case), 0 takes
-        ``vb*s_v``.
-      implementation: ``None``/``"ffi"`` (the kernel) or ``"xla"`` (the jnp reference).
-    """
-    _checks.check_implementation(implementation)
-    vb, v, h, hbar, x = _vectors(vb=vb, v=v, h=h, hbar=hbar, x=x)
-    coefs = [
-        _coefficient(name, c, vb)
-        for name, c in (("s_v", s_v), ("keep_v", keep_v), ("c_h", c_h), ("c_x", c_x), ("c_v", c_v))
-    ]
-    if implementation == "xla":
-        return reference.lsmr_step_update(vb, v, h, hbar, x, *coefs)
-    out = jax.ShapeDtypeStruct(h.shape, h.dtype)
-    partials = jax.ShapeDtypeStruct((*h.shape[:-1], norm_partials(h.shape[-1], h.dtype)), h.dtype)
-    return tuple(
-        _ffi.ffi_call(
-            "jax_ops_lsmr_step",
-            (out, out, out, out, partials),
-            vb, v, h, hbar, x, *coefs,
-            input_output_aliases={1: 0, 2: 1, 3: 2, 4: 3},
-        )
-    )  # fmt: skip
-
-
-# ---- The fused LSMR iteration (``jax_ops.lsmr``'s default loop, ``lsmr_solver._step_kernels``). FFI only: the
-# reference is the solver's jnp recurrence (``implementation="xla"``). The scalar state's layout is the solver's:
-# ``sc`` [..., len(lsmr_solver._SCALARS)], ``ints`` int32 [..., 3] (itn, istop, done), ``params`` [..., 5] (damp,
-# atol, btol, conlim, ||b||), ``maxiter`` int32 [...]; ffi_cuda/lsmr/scalar_recurrence.h holds the recurrence.
-# Vectors come in the row layout ``[..., n]`` (one right-hand side per row; the state's leading shape is
-# ``[...]``) or, with ``columns=True``, in a block solve's column layout ``[n, k]`` (the k right-hand sides
-# interleaved, as the products' SpMM takes and gives them; the state's leading shape is ``[k]``).
-
-NUM_SCALARS, NUM_INTS, NUM_PARAMS = 23, 3, 5
-
-
-def _lead_and_parts(vec: jax.Array, columns: bool, unroll: int) -> tuple[tuple[int, ...], int]:
-    """The state's leading shape and the partial norms' length for vectors ``vec`` (see the layouts above; the
-    column layout may have leading batch dims, as vmap over a batched matrix adds)."""
-    if columns:
-        if vec.ndim < 2:
-            raise ValueError(f"the column layout takes [..., n, k] blocks, got shape {tuple(vec.shape)}")
-        return (*vec.shape[:-2], vec.shape[-1]), columns_partials(vec.shape[-2], vec.shape[-1])
-    return tuple(vec.shape[:-1]), norm_partials(vec.shape[-1], vec.dtype, unroll)
-
-
-def partial_norms(vec: jax.Array, *, columns: bool = False) -> jax.Array:
-    """Norms of pieces of each row (each column with ``columns``) of ``vec``: ``[..., P]`` (each accumulated in
-    float64), so a row's norm is the norm of its partials over the last axis. P = ``norm_partials(n, dtype, 4)``
-    (``columns_partials(n, k)``)."""
-    (vec,) = _vectors(vec=vec)
-    lead, count = _lead_and_parts(vec, columns, _PARTIAL_NORMS_UNROLL)
-    parts = jax.ShapeDtypeStruct((*lead, count), vec.dtype)
-    return _ffi.ffi_call("jax_ops_lsmr_partial_norms", parts, vec, columns=np.int32(columns))
-
-
-def normalize(ub: jax.Array, ub_partials: jax.Array, *, columns: bool = False):
-    """SciPy's ``beta = ||ub||; u = ub * (1/beta)`` (``u = ub`` when beta = 0) per row (column), from
-    ``partial_norms(ub)``.
-
-    Returns ``(u, beta, vb_coef)``; ``u`` aliases ``ub``, ``beta`` has the state's leading shape. ``vb_coef`` is
-    the coefficient of v in the next product ``vb = A^T u + vb_coef * v``: ``-beta``, or 1 when beta = 0 (u is then
-    0, so vb is v itself, the v SciPy keeps; :func:`iteration_step` then takes v from vb and needs no old v).
-    """
-    (ub,) = _vectors(ub=ub)
-    lead, _ = _lead_and_parts(ub, columns, _PARTIAL_NORMS_UNROLL)
-    row = jax.ShapeDtypeStruct(lead, ub.dtype)
-    ws = jax.ShapeDtypeStruct((*lead, 1) if columns else (0,), ub.dtype)  # per-column coefficients (columns)
-    u, beta, vb_coef, _ = _ffi.ffi_call(
-        "jax_ops_lsmr_normalize",
-        (jax.ShapeDtypeStruct(ub.shape, ub.dtype), row, row, ws),
-        ub,
-        ub_partials,
-        input_output_aliases={0: 0},
-        columns=np.int32(columns),
-    )
-    return u, beta, vb_coef
-
-
-def iteration_step(vb, h, hbar, x, vb_partials, sc, ints, beta, params, *, columns: bool = False):
-    """:func:`step_update` with v' taken from ``vb`` itself when beta = 0 (see :func:`normalize`) and its
-    coefficients derived in the kernel: ``alpha_raw = ||vb||`` from ``vb_partials`` (:func:`partial_norms`), then
-    the rotations from the scalar state ``sc``/``ints``, this iteration's ``beta`` and ``params``' damp. Returns
-    ``(v', h', hbar', x', x_partials)`` (results alias vb, h, hbar, x; ``x_partials``: norms of pieces of x', P =
-    ``norm_partials(n, dtype)`` or ``columns_partials(n, k)``)."""
-    vb, h, hbar, x = _vectors(vb=vb, h=h, hbar=hbar, x=x)
-    lead, count = _lead_and_parts(h, columns, 1)
-    out = jax.ShapeDtypeStruct(h.shape, h.dtype)
-    x_parts = jax.ShapeDtypeStruct((*lead, count), h.dtype)
-    ws = jax.ShapeDtypeStruct((*lead, 5) if columns else (0,), h.dtype)
-    *res, _ = _ffi.ffi_call(
-        "jax_ops_lsmr_iteration_step",
-        (out, out, out, out, x_parts, ws),
-        vb, h, hbar, x, vb_partials, sc, ints, beta, params,
-        input_output_aliases={0: 0, 1: 1, 2: 2, 3: 3},
-        columns=np.int32(columns),
-    )  # fmt: skip
-    return tuple(res)
-
-
-def iteration_scalars(sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials):
-    """The rest of an LSMR iteration's scalar recurrence for every row (in place): the rotations again (the same
-    bits as :func:`iteration_step`'s), the estimates of ``||r||``, ``||A||``, ``cond(A)``, ``||x||`` (from
-    ``x_partials``), the stopping tests and the guarded state update. Returns ``(sc', ints', -alpha')``."""
-    return tuple(
-        _ffi.ffi_call(
-            "jax_ops_lsmr_scalars",
-            (
-                jax.ShapeDtypeStruct(sc.shape, sc.dtype),
-                jax.ShapeDtypeStruct(ints.shape, ints.dtype),
-                jax.ShapeDtypeStruct(neg_alpha.shape, neg_alpha.dtype),
-            ),
-            sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials,
-            input_output_aliases={0: 0, 1: 1, 2: 2},
-        )
-    )  # fmt: skip
+    return getattr(kernels, name)

@@ -1,12 +1,12 @@
 // The fused LSMR iteration's FFI handler bodies (partial norms, normalize, iteration step, scalars), shared by the CPU
 // twin and the CUDA handlers: argument checks, then `run(UpdateTag<Update>{}, dtype, name, shape, ins, outs, partials,
-// coef_ws, fill_state)`, which is RunBlock (recurrence_cpu.cc) or LaunchBlock (recurrence_cuda.cu). fill_state fills
+// coef_ws, fill_state)`, which is RunBlock (lsmr_cpu.cc) or LaunchBlock (lsmr_cuda.cu). fill_state fills
 // the ColumnState of a kCoefFromState update. `columns` picks the vectors' layout (BlockShape).
 #pragma once
 
 #include <type_traits>
 
-#include "lsmr/recurrence_params.h"
+#include "lsmr/params.h"
 
 namespace jax_ops::lsmr {
 

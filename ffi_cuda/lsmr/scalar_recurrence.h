@@ -1,11 +1,11 @@
 // LSMR's scalar recurrence (SciPy's lsmr, statement by statement), shared by the CPU twin and the CUDA kernels of
-// the fused iteration (recurrence_params.h: NormalizeUpdate, LsmrIterationUpdate; the scalars kernels).
+// the fused iteration (params.h: NormalizeUpdate, LsmrIterationUpdate; the scalars kernels).
 //
-// One column's state is a row of `sc` [.., kNumScalars] (the order of jax_ops/lsmr_solver.py's _SCALARS), a row of
-// `ints` [.., kNumInts] (itn, istop, done) and a row of `params` [.., kNumParams]. The arithmetic is the
-// solver's Python recurrence in the vectors' dtype T, operation for operation, without contraction into fma
-// (the kernels' source, recurrence_kernels.cu, is compiled with --fmad=false), so a kernel that recomputes PreStep from
-// the same inputs gets the same bits.
+// One column's state is a row of `sc` [.., kNumScalars] (Scalar below; Python reads the order from kScalarNames), a row
+// of `ints` [.., kNumInts] (itn, istop, done) and a row of `params` [.., kNumParams]. The arithmetic is the solver's
+// Python recurrence in the vectors' dtype T, operation for operation, without contraction into fma (the kernels'
+// source, kernels.cu, is compiled with --fmad=false), so a kernel that recomputes PreStep from the same inputs gets the
+// same bits.
 #pragma once
 
 #include <cmath>
@@ -48,6 +48,18 @@ enum Scalar : int {
 };
 enum IntState : int { kItn, kIstop, kDone, kNumInts };
 enum Param : int { kDamp, kAtol, kBtol, kConlim, kNormb, kNumParams };
+
+// The slots' names in enum order, exported to Python (constants()["lsmr_scalars"], ...), which reads its layout
+// of sc/ints/params from them.
+inline constexpr const char* kScalarNames[] = {"alpha",      "beta",  "zetabar", "alphabar", "rho",     "rhobar",
+                                               "cbar",       "sbar",  "betadd",  "betad",    "rhodold", "tautildeold",
+                                               "thetatilde", "zeta",  "d",       "normA2",   "maxrbar", "minrbar",
+                                               "normA",      "condA", "normx",   "normr",    "normar"};
+inline constexpr const char* kIntNames[] = {"itn", "istop", "done"};
+inline constexpr const char* kParamNames[] = {"damp", "atol", "btol", "conlim", "normb"};
+static_assert(sizeof(kScalarNames) / sizeof(kScalarNames[0]) == kNumScalars);
+static_assert(sizeof(kIntNames) / sizeof(kIntNames[0]) == kNumInts);
+static_assert(sizeof(kParamNames) / sizeof(kParamNames[0]) == kNumParams);
 
 template <typename T>
 JAX_OPS_HD inline T Sign(T a) {

@@ -1,12 +1,13 @@
 // Standalone tuning bench for the fused LSMR recurrence (no Python): times launch variants with CUDA events
 // against a plain copy kernel. Build here, carry the binary, run on the GPU machine:
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -cudart static -I ffi_cuda -I $(python3 -c \
-//     "import jax.ffi as f; print(f.include_dir())") ffi_cuda/tools/recurrence_bench.cu -o recurrence_bench
+//   nvcc -O3 -std=c++17 --fmad=false --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
+//     -cudart static -I ffi_cuda -I $(python3 -c "import jax.ffi as f; print(f.include_dir())") \
+//     ffi_cuda/tools/lsmr_bench.cu -o lsmr_bench
 #include <algorithm>
 #include <cstdio>
 #include <vector>
 
-#include "lsmr/recurrence_kernels.cu"
+#include "lsmr/kernels.cu"
 #include "tools/bench_check.h"
 
 using namespace jax_ops::lsmr;

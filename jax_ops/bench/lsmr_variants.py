@@ -43,7 +43,7 @@ from jax_ops.bench import lsmr as lsmr_bench
 from jax_ops.bench.harness import time_call
 from jax_ops.bench.hlo_count import while_body_counts
 
-# name -> (unroll, command-buffer preset, extra compiler options, lsmr_solver._TUNING overrides)
+# name -> (unroll, command-buffer preset, extra compiler options, lsmr_solver.overrides knobs)
 VARIANTS: dict[str, tuple[int, str, dict, dict]] = {}
 for _u in (1, 2, 4, 8):
     for _cb in ("default", "off", "while"):
@@ -75,16 +75,11 @@ def _run_variant(name, p, op, bj, on_gpu):
     def solve(op_, b_):
         return jax_ops_lsmr(op_, b_, maxiter=maxiter, unroll=unroll, **lsmr_bench._TOL)
 
-    saved = dict(lsmr_solver._TUNING)  # noqa: SLF001 - the bench flips the private knob on purpose
-    lsmr_solver._TUNING.update(tuning)  # noqa: SLF001
-    try:
+    with lsmr_solver.overrides(**tuning):
         t0 = time.perf_counter()
-        lowered = jax.jit(solve).lower(op, bj)  # traced here: the knob is read now
+        lowered = jax.jit(solve).lower(op, bj)  # traced here: the knobs are read now
         compiled = lowered.compile(compiler_options=options or None)
         compile_s = time.perf_counter() - t0
-    finally:
-        lsmr_solver._TUNING.clear()  # noqa: SLF001
-        lsmr_solver._TUNING.update(saved)  # noqa: SLF001
     try:
         counts = while_body_counts(compiled.as_text())
     except Exception:  # noqa: BLE001 - counts are informative only
@@ -97,7 +92,7 @@ def _run_variant(name, p, op, bj, on_gpu):
 def jax_ops_lsmr(*args, **kw):
     import jax_ops
 
-    return jax_ops.lsmr(*args, **kw)
+    return jax_ops.lsmr(*args, implementation="ffi", **kw)  # the variants are the FFI path's
 
 
 def run(ctx) -> list[dict]:

@@ -1,6 +1,6 @@
 // FFI bindings of the LSMR targets for both platforms: the CPU twin passes xla::ffi::Ffi::Bind(), the CUDA
 // handlers a Bind() with the stream context (as JAX_OPS_CSR_SPMM_BINDING does for the sparse target). One list per
-// target, in the handlers' argument order (contracts in recurrence_params.h).
+// target, in the handlers' argument order (contracts in params.h).
 #pragma once
 
 #include "xla/ffi/api/ffi.h"

@@ -1,4 +1,4 @@
-// The LSMR vector recurrences (the Foundation's vertical slice), shared by the CPU twin and the CUDA handler.
+// The LSMR family's FFI contract (params) and vector recurrences, shared by the CPU twin and the CUDA handler.
 //
 //   hbar_x:  hbar' = h - c_h * hbar;   x' = x + c_x * hbar'      (one pass: read h, hbar, x; write hbar, x)
 //   h:       h'    = v - c_v * h
@@ -77,11 +77,13 @@ ffi::ErrorOr<RowShape> CheckRecurrenceArgs(const ffi::AnyBuffer* const (&vectors
   return shape;
 }
 
-// Length of a row of an update's `partials` (Update::kNormOut / kNormIn): the CUDA kernel's CTAs per row (256
-// threads, `unroll` 16-byte vectors per thread; the launcher's grid is exactly this wide). Mirrored by
-// jax_ops/lsmr_kernels.py (norm_partials).
+// Length of a row of an update's `partials` (Update::kNormOut / kNormIn): the CUDA kernel's CTAs per row
+// (kNormThreads threads, `unroll` kNormVectorBytes-byte vectors per thread; the launcher's grid is exactly this
+// wide). Python computes the same from the exported constants (jax_ops/_src/lsmr/kernels.py: norm_partials).
+inline constexpr int64_t kNormThreads = 256;
+inline constexpr int64_t kNormVectorBytes = 16;
 constexpr int64_t NormPartials(int64_t n, int64_t itemsize, int64_t unroll = 1) {
-  const int64_t elems_per_cta = 256 * (16 / itemsize) * unroll;
+  const int64_t elems_per_cta = kNormThreads * (kNormVectorBytes / itemsize) * unroll;
   return n == 0 ? 1 : (n + elems_per_cta - 1) / elems_per_cta;
 }
 
@@ -92,8 +94,12 @@ inline int64_t NormPartialsFor(ffi::DataType dtype, int64_t n, int64_t unroll = 
 // The column layout of a block solve (lsmr_solver with k > 1 right-hand sides): a vector block is [L, k], the k
 // columns interleaved (what the products' SpMM takes and gives, so no transposes). The elementwise kernels then run
 // on columns: each CTA takes ColumnsRowsPerCta(k) of the L rows for every column; partial norms are [k, P] with
-// P = ColumnsPartials(L, k) (one per CTA), coefficients per column. Mirrored by jax_ops/lsmr_kernels.py.
-constexpr int64_t ColumnsRowsPerCta(int64_t k) { return k >= 16384 ? 1 : 16384 / (k > 0 ? k : 1); }
+// P = ColumnsPartials(L, k) (one per CTA), coefficients per column. Python computes the same from the exported
+// kColumnsCtaElems (jax_ops/_src/lsmr/kernels.py: columns_partials).
+inline constexpr int64_t kColumnsCtaElems = 16384;  // elements (rows x columns) per CTA
+constexpr int64_t ColumnsRowsPerCta(int64_t k) {
+  return k >= kColumnsCtaElems ? 1 : kColumnsCtaElems / (k > 0 ? k : 1);
+}
 constexpr int64_t ColumnsPartials(int64_t rows, int64_t k) {
   const int64_t per_cta = ColumnsRowsPerCta(k);
   return rows == 0 ? 1 : (rows + per_cta - 1) / per_cta;

@@ -3,10 +3,10 @@
 #include <utility>
 
 #include "common/cuda_helpers.h"
+#include "lsmr/bindings.h"
 #include "lsmr/iteration_calls.h"
-#include "lsmr/recurrence_bindings.h"
-#include "lsmr/recurrence_kernels.h"
-#include "lsmr/recurrence_params.h"
+#include "lsmr/kernels.h"
+#include "lsmr/params.h"
 
 namespace jax_ops::lsmr {
 namespace {
@@ -74,7 +74,7 @@ ffi::Error StepCuda(cudaStream_t stream, ffi::AnyBuffer vb, ffi::AnyBuffer v, ff
                                      {"s_v", "keep_v", "c_h", "c_x", "c_v"}, &*partials);
 }
 
-// ---- The fused iteration (recurrence_params.h: PartialNormsUpdate, NormalizeUpdate, LsmrIterationUpdate, scalars).
+// ---- The fused iteration (params.h: PartialNormsUpdate, NormalizeUpdate, LsmrIterationUpdate, scalars).
 // `columns` picks the layout of the vectors (BlockShape): rows [rows..., n] or a block solve's columns [n, cols].
 
 // The fused-iteration launch for either layout: Launch (rows) or LaunchColumns (columns; coef_ws holds the

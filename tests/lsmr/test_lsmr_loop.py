@@ -1,5 +1,7 @@
-"""LSMR loop structure: the iteration variants (lsmr_solver.ITERATIONS), the packed scalar carry and the unroll; HLO
+"""LSMR loop structure (the CPU twin, implementation="ffi"): the iteration variants (lsmr_solver.ITERATIONS), the packed scalar carry and the unroll; HLO
 kernel counts."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +10,14 @@ import pytest
 
 import jax_ops
 from jax_ops import lsmr_solver
+from jax_ops._src.lsmr import kernels, recurrence
+from jax_ops._src.lsmr.loop import step_kernels
+from jax_ops._src.lsmr.operators import Spec
+from jax_ops._src.lsmr.types import ColParams
 from jax_ops.bench.hlo_count import while_body_counts
+
+# The loop variants are the FFI path's (implementation=None runs the XLA path on the CPU).
+lsmr = functools.partial(jax_ops.lsmr, implementation="ffi")
 
 
 def _problem(m=300, n=40, seed=0):
@@ -25,12 +34,12 @@ def _same(out, ref, fields=("x", "normr", "normar", "norma", "conda", "normx")):
 
 
 @pytest.mark.parametrize("unroll", [1, 3])
-def test_packed_carry_is_bit_identical(monkeypatch, unroll):
-    monkeypatch.setitem(lsmr_solver._TUNING, "iteration", "step")  # the carry of _step's loop
+def test_packed_carry_is_bit_identical(unroll):
     a, b = _problem()
-    ref = jax_ops.lsmr(a, b, atol=1e-10, btol=1e-10, unroll=1)
-    monkeypatch.setitem(lsmr_solver._TUNING, "pack_scalars", False)
-    out = jax_ops.lsmr(a, b, atol=1e-10, btol=1e-10, unroll=unroll)
+    with lsmr_solver.overrides(iteration="step"):  # the carry of recurrence.step's loop
+        ref = lsmr(a, b, atol=1e-10, btol=1e-10, unroll=1)
+        with lsmr_solver.overrides(pack_scalars=False):
+            out = lsmr(a, b, atol=1e-10, btol=1e-10, unroll=unroll)
     _same(out, ref)
 
 
@@ -41,26 +50,26 @@ def test_kernel_iteration_unroll_is_bit_identical(unroll):
 
     a, b = _problem()
     for operand in (a, sparse.BCOO.fromdense(a)):
-        _same(jax_ops.lsmr(operand, b, atol=1e-10, btol=1e-10, unroll=unroll),
-              jax_ops.lsmr(operand, b, atol=1e-10, btol=1e-10, unroll=1))  # fmt: skip
+        _same(lsmr(operand, b, atol=1e-10, btol=1e-10, unroll=unroll),
+              lsmr(operand, b, atol=1e-10, btol=1e-10, unroll=1))  # fmt: skip
 
 
-def test_step_kernel_is_bit_identical(monkeypatch):
+def test_step_kernel_is_bit_identical():
     # The step kernel vs XLA's v update + the two kernels + XLA's ||x||: the iterates are bitwise the same (only
     # normx's summation order differs).
     from jax.experimental import sparse
 
     a, b = _problem()
     for operand in (a, sparse.BCOO.fromdense(a)):
-        monkeypatch.setitem(lsmr_solver._TUNING, "iteration", "step")
-        ref = jax_ops.lsmr(operand, b, atol=1e-10, btol=1e-10)
-        monkeypatch.setitem(lsmr_solver._TUNING, "iteration", "unfused")
-        out = jax_ops.lsmr(operand, b, atol=1e-10, btol=1e-10)
+        with lsmr_solver.overrides(iteration="step"):
+            ref = lsmr(operand, b, atol=1e-10, btol=1e-10)
+        with lsmr_solver.overrides(iteration="unfused"):
+            out = lsmr(operand, b, atol=1e-10, btol=1e-10)
         _same(out, ref, ("x", "normr", "normar", "norma", "conda"))
         np.testing.assert_allclose(np.asarray(out.normx), np.asarray(ref.normx), rtol=1e-6)  # float32
 
 
-class _FixedProducts(lsmr_solver._Spec):
+class _FixedProducts(Spec):
     """A V + beta U and A^T U + beta V with fixed blocks standing for A V and A^T U (to feed both iterations the
     same vectors)."""
 
@@ -82,7 +91,7 @@ class _FixedProducts(lsmr_solver._Spec):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_kernel_scalars_bitwise_match_step(dtype):
-    # One iteration of the fused kernels (ffi_cuda/lsmr/scalar_recurrence.h) against _step's jnp recurrence from
+    # One iteration of the fused kernels (ffi_cuda/lsmr/scalar_recurrence.h) against recurrence.step's jnp recurrence from
     # the same state, on products whose norms every summation order gets exactly (one nonzero per row): all 23
     # scalars, itn/istop/done and the vectors bitwise. Rows: an active column, damp > 0 on the iteration limit,
     # a done column (frozen), beta = 0 (A v - alpha u = 0: v and alpha kept; the fused iteration gets that v
@@ -96,7 +105,7 @@ def test_kernel_scalars_bitwise_match_step(dtype):
         atu = one_hot(n, 3, rng.standard_normal(k) * 2)
         u = one_hot(m, 2, rng.standard_normal(k))
         av[3], u[3], atu[3] = 0, 0, 0  # the beta = 0 column
-        st = {key: jnp.asarray(np.abs(rng.standard_normal(k)) + 0.1, dt) for key in lsmr_solver._SCALARS}
+        st = {key: jnp.asarray(np.abs(rng.standard_normal(k)) + 0.1, dt) for key in kernels.SCALARS}
         st["sbar"] = jnp.asarray(rng.standard_normal(k), dt)
         st["zetabar"] = jnp.asarray(rng.standard_normal(k), dt)
         st["u"], st["v"] = jnp.asarray(u), jnp.asarray(one_hot(n, 3, rng.standard_normal(k)))
@@ -105,22 +114,22 @@ def test_kernel_scalars_bitwise_match_step(dtype):
         st["itn"] = jnp.asarray([0, 3, 5, 2], jnp.int32)
         st["istop"] = jnp.zeros(k, jnp.int32)
         st["done"] = jnp.asarray([False, False, True, False])
-        cp = lsmr_solver._ColParams(
+        cp = ColParams(
             jnp.asarray([0.0, 0.3, 0.0, 1.0], dt), jnp.full(k, 1e-6, dt), jnp.full(k, 1e-6, dt),
             jnp.full(k, 1e8, dt), jnp.asarray([10, 4, 10, 10], jnp.int32), jnp.zeros(k, dt),
         )  # fmt: skip
         normb = jnp.asarray(np.abs(rng.standard_normal(k)) + 1, dt)
         spec = _FixedProducts(jnp.asarray(av), jnp.asarray(atu))
-        ref = lsmr_solver._step(spec, [], cp, normb, dict(st), None, "step")
+        ref = recurrence.step(spec, [], cp, normb, dict(st), None, "step")
         carry = {
             **{key: st[key] for key in ("x", "u", "v", "h", "hbar")},
-            "sc": jnp.stack([st[key] for key in lsmr_solver._SCALARS], -1),
+            "sc": jnp.stack([st[key] for key in kernels.SCALARS], -1),
             "ints": jnp.stack([st["itn"], st["istop"], st["done"].astype(jnp.int32)], -1),
             "neg_alpha": -st["alpha"],
         }
         params = jnp.stack([cp.damp, cp.atol, cp.btol, cp.conlim, normb], -1)
-        out = lsmr_solver._step_kernels(spec, [], cp, params, carry)
-        for i, key in enumerate(lsmr_solver._SCALARS):
+        out = step_kernels(spec, [], cp, params, carry)
+        for i, key in enumerate(kernels.SCALARS):
             np.testing.assert_array_equal(np.asarray(out["sc"][:, i]), np.asarray(ref[key]), err_msg=key)
         for j, key in enumerate(("itn", "istop", "done")):
             np.testing.assert_array_equal(
@@ -134,14 +143,14 @@ def test_kernel_scalars_bitwise_match_step(dtype):
         np.testing.assert_array_equal(np.asarray(out["v"][3]), np.asarray(st["v"][3]))
 
 
-def test_kernel_iteration_agrees_with_step(x64, monkeypatch):
+def test_kernel_iteration_agrees_with_step(x64):
     # Before the Lanczos vectors lose orthogonality (here: the first ~12 of 40 iterations) only the norms'
     # summation order separates the two: the same itn/istop, x to 1e-10 (float64).
     a, b = _problem()
     a, b = a.astype(jnp.float64), b.astype(jnp.float64)
-    out = jax_ops.lsmr(a, b, atol=1e-8, btol=1e-8, maxiter=10)
-    monkeypatch.setitem(lsmr_solver._TUNING, "iteration", "step")
-    ref = jax_ops.lsmr(a, b, atol=1e-8, btol=1e-8, maxiter=10)
+    out = lsmr(a, b, atol=1e-8, btol=1e-8, maxiter=10)
+    with lsmr_solver.overrides(iteration="step"):
+        ref = lsmr(a, b, atol=1e-8, btol=1e-8, maxiter=10)
     assert (int(out.itn), int(out.istop)) == (int(ref.itn), int(ref.istop))
     np.testing.assert_allclose(
         np.asarray(out.x), np.asarray(ref.x), rtol=0, atol=1e-10 * float(jnp.abs(ref.x).max())
@@ -150,22 +159,22 @@ def test_kernel_iteration_agrees_with_step(x64, monkeypatch):
         np.testing.assert_allclose(float(getattr(out, f)), float(getattr(ref, f)), rtol=1e-9, err_msg=f)
 
 
-def test_compiler_options_only_at_top_level(monkeypatch):
+def test_compiler_options_only_at_top_level():
     # On the CPU the options are never attached; under a caller's jit they cannot be (JAX rejects compiler
     # options on a nested jit), so lsmr must not try.
-    monkeypatch.setitem(lsmr_solver._TUNING, "compiler_options", lsmr_solver.COMMAND_BUFFER_OPTIONS["while"])
     a, b = _problem()
-    ref = jax_ops.lsmr(a, b)
-    out = jax.jit(lambda a_, b_: jax_ops.lsmr(a_, b_))(a, b)
+    with lsmr_solver.overrides(compiler_options=lsmr_solver.COMMAND_BUFFER_OPTIONS["while"]):
+        ref = lsmr(a, b)
+        out = jax.jit(lambda a_, b_: lsmr(a_, b_))(a, b)
     assert int(out.itn) == int(ref.itn)
 
 
-def test_while_body_counts_sees_the_loop(monkeypatch):
+def test_while_body_counts_sees_the_loop():
     a, b = _problem()
     counts = {}
     for iteration in ("kernels", "step"):
-        monkeypatch.setitem(lsmr_solver._TUNING, "iteration", iteration)
-        text = jax.jit(lambda a_, b_: jax_ops.lsmr(a_, b_, unroll=2)).lower(a, b).compile().as_text()
+        with lsmr_solver.overrides(iteration=iteration):
+            text = jax.jit(lambda a_, b_: lsmr(a_, b_, unroll=2)).lower(a, b).compile().as_text()
         counts[iteration] = c = while_body_counts(text)
         assert c["launches"] > 0 and c["fusions"] > 0
         assert c["condition_ops"]

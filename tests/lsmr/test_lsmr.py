@@ -1,16 +1,24 @@
-"""jax_ops.lsmr against scipy.sparse.linalg.lsmr (CPU).
+"""jax_ops.lsmr's CPU twin (implementation="ffi") against scipy.sparse.linalg.lsmr; the XLA path where named.
 
-Bounds. On problems where LSMR stops before its Lanczos vectors lose orthogonality ("strict" cases) we require
-SciPy's istop and itn exactly and ||x - x_scipy|| / ||x_scipy|| <= 1e-8 (float64; or 50x SciPy's own dense-vs-CSR
-difference where that exceeds 2e-10). Once orthogonality is lost,
-the trajectory depends on rounding: SciPy itself, run on the same matrix as a dense array instead of CSR (only the
-matvec summation order changes), differs by up to 1e-3 in x and by a few iterations (see `test_scipy_self_variation`
-for the evidence on illc1850). On those "sensitive" cases the bounds are calibrated by SciPy's own dense-vs-CSR
-variation.
+Bounds. Nothing that depends on a summation order (the BLAS's, XLA's, the CPU's vector width) is asserted exactly:
+- istop/itn: equal to SciPy's, except where SciPy's stop was rounding-borderline (``_allowed_stops``: a stop test
+  within ``BORDERLINE`` of its threshold at the stopping iteration or the one before); there itn may differ by one
+  (and istop may be the neighbouring test), and x and the estimates are compared with SciPy's state after the same
+  number of iterations as ours.
+- x: on problems where LSMR stops before its Lanczos vectors lose orthogonality ("strict" cases)
+  ||x - x_scipy|| / ||x_scipy|| <= 1e-8 (float64; or 50x SciPy's own dense-vs-CSR difference where that exceeds
+  2e-10). Once orthogonality is lost the trajectory depends on rounding: SciPy itself, run on the same matrix as a
+  dense array instead of CSR (only the matvec summation order changes), differs by up to 1e-3 in x and by a few
+  iterations (see `test_scipy_self_variation` for the evidence on illc1850). On those "sensitive" cases the bounds
+  are calibrated by SciPy's own dense-vs-CSR variation.
+- the estimates norma/conda/normr/normar accumulate late, rounding-determined quantities: bounded by fixed
+  tolerances or, where larger, by ``SPREAD_FACTOR`` times SciPy's own spread over copies of the problem that differ
+  only in rounding (``_scipy_spread``: dense instead of CSR, b perturbed by one ulp).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
@@ -21,10 +29,14 @@ import pytest
 
 scipy = pytest.importorskip("scipy")
 import scipy.sparse as sp  # noqa: E402
+from helpers import rel_err  # noqa: E402
 from scipy.sparse.linalg import lsmr as scipy_lsmr  # noqa: E402
 
 import jax_ops  # noqa: E402
 from jax_ops import lsmr_solver  # noqa: E402
+
+# The CPU twin (implementation=None runs the XLA path on the CPU); a test passes implementation= to choose.
+lsmr = functools.partial(jax_ops.lsmr, implementation="ffi")
 
 
 def _gen(m, n, colscale=0.0, density=0.01, seed=1, dtype=np.float64):
@@ -42,14 +54,89 @@ def _rhs(a, consistent, seed=2):
     return rng.standard_normal(a.shape[0])
 
 
-def _rel(x, ref):
-    x = np.asarray(x, np.float64)
-    return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-300))
-
-
 def _ours(a, b, **kw):
-    out = jax_ops.lsmr(a, jnp.asarray(b), **kw)
+    out = lsmr(a, jnp.asarray(b), **kw)
     return jax.tree_util.tree_map(np.asarray, out)
+
+
+# ------------------------------------------------------------------------------- rounding-aware SciPy references
+
+# A stop test whose ratio (test / threshold) is within this factor of 1 at the stopping iteration or the one
+# before is rounding-borderline: past the loss of orthogonality the tests' inputs (normar, normA, ...) move by up
+# to ~3% under one-ulp perturbations of b (measured on test_vmap_block_solve's columns; another CPU's summation
+# order moved a 1%-margin stop by one iteration).
+BORDERLINE = 0.1
+# The estimates' bound as a multiple of SciPy's own spread under rounding-level changes of the problem (one set of
+# a few perturbations underestimates the spread another CPU's summation order reaches: 5.8% on an AMD EPYC against
+# a measured 2.5e-3 dense-vs-CSR for conda, while the one-ulp copies reach 1.2e-1 there).
+SPREAD_FACTOR = 4.0
+
+
+def _stop_ratios(r, normb, kw):
+    """test / threshold for each of SciPy's stop tests 1..6 on a result tuple ``r`` (<= 1: the test fires)."""
+    _, _, _, normr, normar, norma, conda, normx = r[:8]
+    atol, btol, conlim = kw.get("atol", 1e-6), kw.get("btol", 1e-6), kw.get("conlim", 1e8)
+    eps_half = np.finfo(np.float64).eps / 2  # 1 + t <= 1 in round-to-nearest
+    with np.errstate(divide="ignore", invalid="ignore"):
+        test1 = normr / normb
+        test2 = normar / (norma * normr) if norma * normr else np.inf
+        test3 = 1 / conda
+        t1 = test1 / (1 + norma * normx / normb)
+        rtol = btol + atol * norma * normx / normb
+        ctol = 1 / conlim if conlim > 0 else 0.0
+        ratios = [test1 / rtol, test2 / atol, test3 / ctol, t1 / eps_half, test2 / eps_half, test3 / eps_half]
+    return {code: float(v) for code, v in zip(range(1, 7), ratios) if np.isfinite(v) or v == np.inf}
+
+
+def _scipy_at(a, b, kw, itn):
+    """SciPy's state after exactly ``itn`` iterations (the tolerances do not change the trajectory)."""
+    return scipy_lsmr(a, b, **{**kw, "atol": 0.0, "btol": 0.0, "conlim": 0.0, "maxiter": itn})
+
+
+def _allowed_stops(a, b, kw, ref):
+    """The (istop, itn) pairs a correct solver may report, given SciPy's result ``ref``: SciPy's own, plus one
+    iteration earlier (later) when a test was within ``BORDERLINE`` of firing one iteration earlier (of not firing
+    at SciPy's stop); istop may then be any test that is borderline there."""
+    istop, itn = int(ref[1]), int(ref[2])
+    allowed = {(istop, itn)}
+    normb = np.linalg.norm(b)
+    if itn == 0 or normb == 0 or istop not in range(1, 8):
+        return allowed
+    near = lambda ratios: {c for c, v in ratios.items() if v <= 1 + BORDERLINE}  # noqa: E731
+    at = _stop_ratios(ref, normb, kw)
+    fired = {c for c, v in at.items() if v <= 1}
+    # a lower code that nearly fired at SciPy's stop may win on another CPU
+    allowed |= {(c, itn) for c in near(at) if c < istop}
+    if itn > 1:  # a test nearly fired one iteration earlier
+        before = _stop_ratios(_scipy_at(a, b, kw, itn - 1), normb, kw)
+        allowed |= {(c, itn - 1) for c in near(before)}
+    if istop != 7 and any(at[c] > 1 / (1 + BORDERLINE) for c in fired):  # the firing test barely fired
+        later = _stop_ratios(_scipy_at(a, b, kw, itn + 1), normb, kw)
+        allowed |= {(c, itn + 1) for c in near(later)}
+    return allowed
+
+
+def _check_stop(out, a, b, kw, ref=None):
+    """Asserts ours stopped where SciPy may (``_allowed_stops``); returns SciPy's result after as many iterations
+    as ours (``ref`` itself when the stop agrees), to compare x and the estimates with."""
+    ref = scipy_lsmr(a, b, **kw) if ref is None else ref
+    got = (int(out.istop), int(out.itn))
+    if got == (int(ref[1]), int(ref[2])):
+        return ref
+    allowed = _allowed_stops(a, b, kw, ref)
+    assert got in allowed, (got, sorted(allowed))
+    return _scipy_at(a, b, kw, got[1])
+
+
+def _scipy_spread(a, b, kw, itn, copies=4, seed=0):
+    """SciPy's own spread of the estimates (normr, normar, norma, conda, normx) after ``itn`` iterations: the
+    largest deviation from the CSR run over a dense run and ``copies`` runs with b perturbed by one ulp."""
+    rng = np.random.default_rng(seed)
+    ref = _scipy_at(a, b, kw, itn)
+    runs = [_scipy_at(a.toarray() if sp.issparse(a) else a, b, kw, itn)]
+    for _ in range(copies):
+        runs.append(_scipy_at(a, b * (1 + np.finfo(np.float64).eps * rng.standard_normal(b.shape)), kw, itn))
+    return np.max([np.abs(np.asarray(r[3:8]) - np.asarray(ref[3:8])) for r in runs], axis=0)
 
 
 # ------------------------------------------------------------------------------------------------ float64, strict
@@ -70,31 +157,34 @@ def test_strict_matches_scipy(x64, m, n, kw, consistent):
     a = _gen(m, n)
     b = _rhs(a, consistent)
     ref = scipy_lsmr(a, b, **kw)
-    self_var = _rel(scipy_lsmr(a.toarray(), b, **kw)[0], ref[0])
+    self_var = rel_err(scipy_lsmr(a.toarray(), b, **kw)[0], ref[0])
+    spreads = {}
     for operand in (a, jnp.asarray(a.toarray())):  # scipy.sparse (-> BCOO/CSRPair) and dense paths
         out = _ours(operand, b, **kw)
-        assert int(out.istop) == ref[1] and int(out.itn) == ref[2], (out.istop, out.itn, ref[1:3])
+        r = _check_stop(out, a, b, kw, ref)  # SciPy's itn, or SciPy after ours' where the stop is borderline
         # 1e-8, unless SciPy itself (dense vs CSR) varies by more than 1e-10 on this case.
-        assert _rel(out.x, ref[0]) <= max(1e-8, 50 * self_var)
+        assert rel_err(out.x, r[0]) <= max(1e-8, 50 * self_var)
         # normx to 1e-8. The estimates norma/conda accumulate every alpha/beta, including the late ones that
         # depend on rounding once x has converged (SciPy dense vs CSR differ there too): 1e-3. The small residual
         # estimates normr/normar (differences of nearly equal quantities at convergence): 1e-4 relative, or
-        # 1e-10 relative to ||A|| ||b||.
-        scale = ref[5] * np.linalg.norm(b)
+        # 1e-10 relative to ||A|| ||b||. Each, where larger: SPREAD_FACTOR x SciPy's own rounding spread.
+        itn = int(out.itn)
+        if itn not in spreads:
+            spreads[itn] = _scipy_spread(a, b, kw, itn)
+        scale = r[5] * np.linalg.norm(b)
         tols = {"normx": (1e-8, 0.0), "norma": (1e-3, 0.0), "conda": (1e-2, 0.0)}
-        for name, ours, theirs in zip(out._fields[3:], out[3:], ref[3:]):
+        for name, ours, theirs, dev in zip(out._fields[3:], out[3:], r[3:], spreads[itn]):
             rel, absolute = tols.get(name, (1e-4, 1e-10 * scale))
-            tol = rel * abs(theirs) + absolute
-            assert abs(float(ours) - theirs) <= tol, name
+            tol = max(rel * abs(theirs) + absolute, SPREAD_FACTOR * dev)
+            assert abs(float(ours) - theirs) <= tol, (name, float(ours), theirs, tol)
 
 
 def test_illc1850_damped_strict(x64):
     a = _illc1850()
     b = np.random.default_rng(1).standard_normal(a.shape[0])
-    ref = scipy_lsmr(a, b, damp=1.0)
     out = _ours(a, b, damp=1.0)
-    assert (int(out.istop), int(out.itn)) == ref[1:3]
-    assert _rel(out.x, ref[0]) <= 1e-8
+    ref = _check_stop(out, a, b, dict(damp=1.0))
+    assert rel_err(out.x, ref[0]) <= 1e-8
 
 
 # --------------------------------------------------------------------------------------------- float64, sensitive
@@ -124,16 +214,16 @@ def test_sensitive_within_scipy_self_variation(x64, name, kw, consistent):
     b = _rhs(a, consistent, seed=1)
     ref = scipy_lsmr(a, b, **kw)
     ref_dense = scipy_lsmr(a.toarray(), b, **kw)
-    self_var = _rel(ref_dense[0], ref[0])
+    self_var = rel_err(ref_dense[0], ref[0])
     # A stop one iteration earlier or later (allowed below) moves x by what SciPy's own x moves over its last
     # iteration: past the loss of orthogonality a 1-ulp change of one norm shifts the stop (measured on
     # colscale2-consistent: the jnp path with ||u|| scaled by 1 + 2^-52 stops at 427 instead of 426, x 1.4e-5 from
     # SciPy's, whose dense-vs-CSR variation there is 1.5e-7; SciPy's x at itn 425 is 5.5e-5 from its x at 426).
-    last_step_var = _rel(scipy_lsmr(a, b, **{**kw, "maxiter": ref[2] - 1})[0], ref[0])
+    last_step_var = rel_err(scipy_lsmr(a, b, **{**kw, "maxiter": ref[2] - 1})[0], ref[0])
     out = _ours(a, b, **kw)
     assert int(out.istop) == ref[1]
     assert abs(int(out.itn) - ref[2]) <= max(2, 3 * abs(ref_dense[2] - ref[2]), int(0.02 * ref[2]))
-    assert _rel(out.x, ref[0]) <= max(1e-8, 10 * self_var, last_step_var)
+    assert rel_err(out.x, ref[0]) <= max(1e-8, 10 * self_var, last_step_var)
     res = lambda x: np.linalg.norm(a @ np.asarray(x) - b) / np.linalg.norm(b)  # noqa: E731
     # Consistent systems stop at ||r|| ~ btol ||b||: an absolute term of btol covers that noise.
     assert abs(res(out.x) - res(ref[0])) <= 1e-4 * res(ref[0]) + 1e-6
@@ -144,7 +234,7 @@ def test_scipy_self_variation(x64):
     a = _illc1850()
     b = np.random.default_rng(1).standard_normal(a.shape[0])
     r1, r2 = scipy_lsmr(a, b), scipy_lsmr(a.toarray(), b)
-    assert _rel(r2[0], r1[0]) > 1e-6
+    assert rel_err(r2[0], r1[0]) > 1e-6
 
 
 # ---------------------------------------------------------------------------------------- stop codes, edge cases
@@ -212,7 +302,8 @@ def test_every_stop_code_matches_scipy(x64, code, seed):
     assert ref[1] == code, ref[1:3]
     for operand in (a_csr, jnp.asarray(a_csr.toarray())):
         out = _ours(operand, b, **kw)
-        assert (int(out.istop), int(out.itn)) == (code, ref[2]), (type(operand), out.istop, out.itn, ref[1:3])
+        assert int(out.istop) == code, (type(operand), out.istop, out.itn, ref[1:3])
+        ref = _check_stop(out, a_csr, b, kw, ref)
         if code == 6:
             # x is made of rounding amplified by 1/sigma ~ 1e30 (SciPy dense vs CSR differ by O(1) in x too):
             # compare what is determined, the estimates of ||A||, cond(A) and the residual.
@@ -221,7 +312,7 @@ def test_every_stop_code_matches_scipy(x64, code, seed):
             res = lambda x: np.linalg.norm(b - a_csr @ np.asarray(x))  # noqa: E731
             assert abs(res(out.x) / res(ref[0]) - 1) <= 2e-2
         elif ref[0].any():
-            assert _rel(out.x, ref[0]) <= 1e-8
+            assert rel_err(out.x, ref[0]) <= 1e-8
         else:
             assert not out.x.any()
 
@@ -235,7 +326,7 @@ def test_code6_tiny_matrix(x64):
     out = _ours(a, b, **kw)
     assert ref[1:3] == (6, 1)
     assert (int(out.istop), int(out.itn)) == ref[1:3]
-    assert _rel(out.x, ref[0]) <= 1e-12
+    assert rel_err(out.x, ref[0]) <= 1e-12
     # With SciPy's default conlim (1e8) the same problem stops on test 3 instead.
     ref = scipy_lsmr(a, b)
     out = _ours(a, b)
@@ -249,8 +340,8 @@ def test_conlim_code3_and_maxiter_code7(x64):
         ref = scipy_lsmr(a, b, **kw)
         out = _ours(a, b, **kw)
         assert ref[1] == code and int(out.istop) == code
-        assert int(out.itn) == ref[2]
-        assert _rel(out.x, ref[0]) <= 1e-8
+        ref = _check_stop(out, a, b, kw, ref)
+        assert rel_err(out.x, ref[0]) <= 1e-8
 
 
 def test_zero_b_and_exact_x0(x64):
@@ -283,10 +374,9 @@ def test_x0_matches_scipy(x64, kw):
     a = _gen(2000, 400)
     b = _rhs(a, False)
     x0 = np.random.default_rng(5).standard_normal(400)
-    ref = scipy_lsmr(a, b, x0=x0, **kw)
     out = _ours(a, b, x0=x0, **kw)
-    assert (int(out.istop), int(out.itn)) == ref[1:3]
-    assert _rel(out.x, ref[0]) <= 1e-8
+    ref = _check_stop(out, a, b, dict(x0=x0, **kw))
+    assert rel_err(out.x, ref[0]) <= 1e-8
 
 
 def test_nonfinite(x64):
@@ -294,38 +384,38 @@ def test_nonfinite(x64):
     b = np.ones(200)
     b[3] = np.nan
     with pytest.raises(ValueError, match="NaN or Inf"):
-        jax_ops.lsmr(a, b)
+        lsmr(a, b)
     with pytest.raises(ValueError, match="NaN or Inf"):
-        jax_ops.lsmr(a, np.ones(200), x0=np.full(50, np.inf))
-    out = jax.jit(jax_ops.lsmr)(a, jnp.asarray(b))  # inside jit: istop -1, NaN x
+        lsmr(a, np.ones(200), x0=np.full(50, np.inf))
+    out = jax.jit(lsmr)(a, jnp.asarray(b))  # inside jit: istop -1, NaN x
     assert int(out.istop) == -1 and int(out.itn) == 0 and np.isnan(np.asarray(out.x)).all()
     a_bad = a.at[0, 0].set(jnp.inf)
-    out = jax.jit(jax_ops.lsmr)(a_bad, jnp.ones(200))
+    out = jax.jit(lsmr)(a_bad, jnp.ones(200))
     assert int(out.istop) == -1
 
 
 def test_bad_arguments():
     a = jnp.ones((20, 10), jnp.float32)
     with pytest.raises(ValueError, match="length 20"):
-        jax_ops.lsmr(a, jnp.ones(19, jnp.float32))
+        lsmr(a, jnp.ones(19, jnp.float32))
     with pytest.raises(ValueError, match="vector"):
-        jax_ops.lsmr(a, jnp.ones((20, 2), jnp.float32))
+        lsmr(a, jnp.ones((20, 2), jnp.float32))
     with pytest.raises(ValueError, match="x0 must have shape"):
-        jax_ops.lsmr(a, jnp.ones(20, jnp.float32), x0=jnp.ones(11, jnp.float32))
+        lsmr(a, jnp.ones(20, jnp.float32), x0=jnp.ones(11, jnp.float32))
     with pytest.raises(ValueError, match="damp must be >= 0"):
-        jax_ops.lsmr(a, jnp.ones(20, jnp.float32), damp=-1.0)
+        lsmr(a, jnp.ones(20, jnp.float32), damp=-1.0)
     with pytest.raises(ValueError, match="maxiter"):
-        jax_ops.lsmr(a, jnp.ones(20, jnp.float32), maxiter=-3)
+        lsmr(a, jnp.ones(20, jnp.float32), maxiter=-3)
     with pytest.raises(TypeError, match="float32 or float64"):
-        jax_ops.lsmr(a, jnp.ones(20, jnp.int32))
+        lsmr(a, jnp.ones(20, jnp.int32))
     with pytest.raises(TypeError, match="real"):
-        jax_ops.lsmr(jnp.ones((20, 10), jnp.complex64), jnp.ones(20, jnp.float32))
+        lsmr(jnp.ones((20, 10), jnp.complex64), jnp.ones(20, jnp.float32))
     with pytest.raises(TypeError, match="A must be"):
-        jax_ops.lsmr("matrix", jnp.ones(20, jnp.float32))
+        lsmr("matrix", jnp.ones(20, jnp.float32))
     with pytest.raises(ValueError, match="2-D"):
-        jax_ops.lsmr(jnp.ones((20,)), jnp.ones(20, jnp.float32))
+        lsmr(jnp.ones((20,)), jnp.ones(20, jnp.float32))
     with pytest.raises(ValueError, match="implementation"):
-        jax_ops.lsmr(a, jnp.ones(20, jnp.float32), implementation="cuda")
+        lsmr(a, jnp.ones(20, jnp.float32), implementation="cuda")
 
 
 # ---------------------------------------------------------------------------------------------------- float32
@@ -409,10 +499,10 @@ def test_operator_kinds_agree(x64):
     bcoo = sparse.BCOO.from_scipy_sparse(a)
     operands = [a, dense, bcoo, sparse.BCSR.from_bcoo(bcoo), _Op(dense), _PyOp(dense)]
     for operand in operands:
-        for impl in (None, "xla"):
+        for impl in (None, "ffi", "xla"):
             out = _ours(operand, b, implementation=impl)
-            assert (int(out.istop), int(out.itn)) == ref[1:3], type(operand)
-            assert _rel(out.x, ref[0]) <= 1e-8, type(operand)
+            r = _check_stop(out, a, b, {}, ref)
+            assert rel_err(out.x, r[0]) <= 1e-8, type(operand)
     assert _PyOp.calls > 0
 
 
@@ -424,7 +514,7 @@ def test_jit_matrix_is_an_argument(x64):
     @jax.jit
     def solve(a, b):
         traces.append(1)
-        return jax_ops.lsmr(a, b, atol=1e-10, btol=1e-10)
+        return lsmr(a, b, atol=1e-10, btol=1e-10)
 
     a = _gen(500, 100)
     bcoo = sparse.BCOO.from_scipy_sparse(a)
@@ -441,8 +531,8 @@ def test_jit_matrix_is_an_argument(x64):
 def test_unroll_does_not_change_results(x64):
     a = jnp.asarray(_gen(400, 100).toarray())
     b = jnp.asarray(_rhs(_gen(400, 100), False))
-    r1 = jax_ops.lsmr(a, b, unroll=1)
-    r3 = jax_ops.lsmr(a, b, unroll=3)
+    r1 = lsmr(a, b, unroll=1)
+    r3 = lsmr(a, b, unroll=3)
     for f1, f3 in zip(r1, r3):
         np.testing.assert_array_equal(np.asarray(f1), np.asarray(f3))
 
@@ -454,18 +544,25 @@ def test_vmap_block_solve(x64):
     bs[2] = a @ rng.standard_normal(200)  # a consistent column stops earlier (istop 1)
     bs[4] = 0.0  # a zero column is done at itn 0
     dense = jnp.asarray(a.toarray())
-    f = jax.jit(jax.vmap(lambda b: jax_ops.lsmr(dense, b, atol=1e-8, btol=1e-8)))
+    f = jax.jit(jax.vmap(lambda b: lsmr(dense, b, atol=1e-8, btol=1e-8)))
     out = f(jnp.asarray(bs))
     assert len(set(np.asarray(out.itn).tolist())) > 1
+    kw = dict(atol=1e-8, btol=1e-8)
     for i in range(5):
-        one = jax_ops.lsmr(dense, jnp.asarray(bs[i]), atol=1e-8, btol=1e-8)
-        ref = scipy_lsmr(a, bs[i], atol=1e-8, btol=1e-8)
-        # The block uses a GEMM, the single solve a GEMV (other summation order): same trajectory to rounding.
-        assert (int(out.istop[i]), int(out.itn[i])) == (int(one.istop), int(one.itn)) == ref[1:3]
-        assert _rel(out.x[i], np.asarray(one.x)) <= 1e-7 or not bs[i].any()
-        assert _rel(out.x[i], ref[0]) <= 1e-7 or not bs[i].any()
+        col = jax.tree_util.tree_map(lambda f: f[i], out)  # noqa: B023
+        one = lsmr(dense, jnp.asarray(bs[i]), **kw)
+        ref = scipy_lsmr(a, bs[i], **kw)
+        # The block uses a GEMM, the single solve a GEMV (other summation order): same trajectory to rounding
+        # (the same stop, unless SciPy's stop is rounding-borderline: columns 1 and 3 stop within 1% and 3% of
+        # atol).
+        r_col, r_one = _check_stop(col, a, bs[i], kw, ref), _check_stop(one, a, bs[i], kw, ref)
+        if int(col.itn) == int(one.itn):
+            assert int(col.istop) == int(one.istop)
+            assert rel_err(col.x, np.asarray(one.x)) <= 1e-7 or not bs[i].any()
+        assert rel_err(col.x, r_col[0]) <= 1e-7 or not bs[i].any()
+        assert rel_err(one.x, r_one[0]) <= 1e-7 or not bs[i].any()
     # One loop, and the matvec is a single product over all columns (a GEMM, not 5 GEMVs).
-    jaxpr = jax.make_jaxpr(jax.vmap(lambda b: jax_ops.lsmr(dense, b)))(jnp.asarray(bs))
+    jaxpr = jax.make_jaxpr(jax.vmap(lambda b: lsmr(dense, b)))(jnp.asarray(bs))
     text = str(jaxpr)
     assert text.count("while[") == 1
     assert "f64[5,800]" in text
@@ -476,18 +573,19 @@ def test_vmap_nested_and_batched_params(x64):
     rng = np.random.default_rng(8)
     bs = jnp.asarray(rng.standard_normal((3, 2, 300)))
     damps = jnp.asarray([0.0, 0.5])
-    out = jax.vmap(jax.vmap(lambda b, d: jax_ops.lsmr(a, b, damp=d)), in_axes=(0, None))(bs, damps)
+    out = jax.vmap(jax.vmap(lambda b, d: lsmr(a, b, damp=d)), in_axes=(0, None))(bs, damps)
     assert out.x.shape == (3, 2, 80)
     for i in range(3):
         for j in range(2):
-            ref = scipy_lsmr(np.asarray(a), np.asarray(bs[i, j]), damp=float(damps[j]))
-            assert (int(out.istop[i, j]), int(out.itn[i, j])) == ref[1:3]
-            assert _rel(out.x[i, j], ref[0]) <= 1e-6
+            col = jax.tree_util.tree_map(lambda f: f[i, j], out)  # noqa: B023
+            ref = _check_stop(col, np.asarray(a), np.asarray(bs[i, j]), dict(damp=float(damps[j])))
+            assert rel_err(col.x, ref[0]) <= 1e-6
     # A batched matrix falls back to JAX's batching of the loop (correct, one matrix per element).
     a2 = jnp.stack([a, 2 * a])
-    out = jax.vmap(lambda a, b: jax_ops.lsmr(a, b))(a2, bs[0])
-    ref = scipy_lsmr(2 * np.asarray(a), np.asarray(bs[0, 1]))
-    assert _rel(out.x[1], ref[0]) <= 1e-6 and int(out.itn[1]) == ref[2]
+    out = jax.vmap(lambda a, b: lsmr(a, b))(a2, bs[0])
+    second = jax.tree_util.tree_map(lambda f: f[1], out)
+    ref = _check_stop(second, 2 * np.asarray(a), np.asarray(bs[0, 1]), {})
+    assert rel_err(second.x, ref[0]) <= 1e-6
 
 
 @pytest.mark.parametrize("shape", [(5, 0), (0, 5)])
@@ -495,9 +593,9 @@ def test_empty_matrix_single_and_vmap(shape):
     # n = 0 or m = 0: x = 0 (SciPy's b = 0 / normar = 0 exits), istop 0, itn 0; vmap too (the block solve's
     # unfold reshapes a [k, 0] x).
     a = jnp.ones(shape)
-    out = jax_ops.lsmr(a, jnp.ones(shape[0]))
+    out = lsmr(a, jnp.ones(shape[0]))
     assert (int(out.istop), int(out.itn), out.x.shape) == (0, 0, (shape[1],))
-    out = jax.vmap(lambda b: jax_ops.lsmr(a, b))(jnp.ones((2, shape[0])))
+    out = jax.vmap(lambda b: lsmr(a, b))(jnp.ones((2, shape[0])))
     assert out.x.shape == (2, shape[1]) and list(np.asarray(out.istop)) == [0, 0]
 
 
@@ -507,14 +605,12 @@ def test_vmap_block_over_batched_matrices(x64):
     rng = np.random.default_rng(11)
     a = rng.standard_normal((2, 60, 20))
     b = rng.standard_normal((2, 3, 60))
-    out = jax.vmap(lambda a_, b_: jax.vmap(lambda bb: jax_ops.lsmr(a_, bb))(b_))(
-        jnp.asarray(a), jnp.asarray(b)
-    )
+    out = jax.vmap(lambda a_, b_: jax.vmap(lambda bb: lsmr(a_, bb))(b_))(jnp.asarray(a), jnp.asarray(b))
     for i in range(2):
         for j in range(3):
-            ref = scipy_lsmr(a[i], b[i, j])
-            assert (int(out.istop[i, j]), int(out.itn[i, j])) == ref[1:3]
-            assert _rel(out.x[i, j], ref[0]) <= 1e-10
+            col = jax.tree_util.tree_map(lambda f: f[i, j], out)  # noqa: B023
+            ref = _check_stop(col, a[i], b[i, j], {})
+            assert rel_err(col.x, ref[0]) <= 1e-10
 
 
 # -------------------------------------------------------------------------------------------------- gradients
@@ -542,7 +638,7 @@ def test_grad_dense(x64, damp, with_x0):
     def loss(fn, a, b, x0):
         return jnp.sum(jnp.sin(fn(a, b, x0)))
 
-    ours = lambda a, b, x0: jax_ops.lsmr(a, b, damp=damp, x0=x0, **TIGHT).x  # noqa: E731
+    ours = lambda a, b, x0: lsmr(a, b, damp=damp, x0=x0, **TIGHT).x  # noqa: E731
     ref = lambda a, b, x0: _ref_solution(a, b, x0, damp)  # noqa: E731
     argnums = (0, 1, 2) if with_x0 else (0, 1)
     g = jax.grad(lambda *args: loss(ours, *args), argnums=argnums)(a, b, x0)
@@ -563,7 +659,7 @@ def test_grad_sparse_values_and_vmap(x64):
 
     def loss_values(data):
         op = sparse.BCOO((data, bcoo.indices), shape=bcoo.shape)
-        return jnp.sum(jax_ops.lsmr(op, b, **TIGHT).x ** 2)
+        return jnp.sum(lsmr(op, b, **TIGHT).x ** 2)
 
     g = jax.grad(loss_values)(bcoo.data)
     g_dense = jax.grad(lambda a: jnp.sum(_ref_solution(a, b) ** 2))(dense)
@@ -573,7 +669,7 @@ def test_grad_sparse_values_and_vmap(x64):
     )
 
     bs = jnp.asarray(rng.standard_normal((4, 60)))
-    gv = jax.vmap(jax.grad(lambda b: jnp.sum(jnp.cos(jax_ops.lsmr(bcoo, b, **TIGHT).x))))(bs)
+    gv = jax.vmap(jax.grad(lambda b: jnp.sum(jnp.cos(lsmr(bcoo, b, **TIGHT).x))))(bs)
     gr = jax.vmap(jax.grad(lambda b: jnp.sum(jnp.cos(_ref_solution(dense, b)))))(bs)
     np.testing.assert_allclose(np.asarray(gv), np.asarray(gr), rtol=1e-8, atol=1e-10)
 

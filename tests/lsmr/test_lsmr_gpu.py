@@ -117,7 +117,7 @@ def test_gpu_every_stop_code(x64, code):
         assert _rel(gpu.x, ref[0]) <= 1e-8
 
 
-def test_gpu_kernel_iteration_agrees_with_step(x64, monkeypatch):
+def test_gpu_kernel_iteration_agrees_with_step(x64):
     # The fused iteration (default) vs XLA's norms and scalar recurrence ("step") on the GPU, float64, before
     # the loss of orthogonality: the same itn/istop, x to 1e-8.
     from jax_ops import lsmr_solver
@@ -127,8 +127,8 @@ def test_gpu_kernel_iteration_agrees_with_step(x64, monkeypatch):
     gpu = jax.devices("cuda")[0]
     out = _solve_on(gpu, a, b, atol=1e-8, btol=1e-8)
     again = _solve_on(gpu, a, b, atol=1e-8, btol=1e-8)
-    monkeypatch.setitem(lsmr_solver._TUNING, "iteration", "step")
-    ref = _solve_on(gpu, a, b, atol=1e-8, btol=1e-8)
+    with lsmr_solver.overrides(iteration="step"):
+        ref = _solve_on(gpu, a, b, atol=1e-8, btol=1e-8)
     assert (int(out.istop), int(out.itn)) == (int(ref.istop), int(ref.itn))
     # 1e-8 as GPU vs CPU: "step" itself moves by ~2e-10 between runs on the GPU (XLA's reductions are not
     # deterministic there); the fused iteration repeats bitwise (below).

@@ -2,8 +2,8 @@
 // an alignment (after a scalar head), a scalar tail, several independent vectors in flight per thread.
 #include <algorithm>
 
-#include "lsmr/recurrence_kernels.h"
-#include "lsmr/recurrence_params.h"
+#include "lsmr/kernels.h"
+#include "lsmr/params.h"
 
 namespace jax_ops::lsmr {
 namespace {
@@ -271,7 +271,7 @@ cudaError_t LaunchColumns(cudaStream_t stream, ColumnsArgs<T, Update::kIn, Updat
 
 namespace {}  // namespace
 
-// Tuned on the H200 with ffi_cuda/tools/recurrence_bench.cu: one 16-byte vector per thread and an uncapped grid
+// Tuned on the H200 with ffi_cuda/tools/lsmr_bench.cu: one 16-byte vector per thread and an uncapped grid
 // gave 1.01x the copy kernel's bandwidth at n = 1e8 (capped grid-stride variants: 0.89-0.97x). See
 // docs/notes/recurrence.md. PartialNormsUpdate takes 4 vectors per thread (fewer partials for its consumers).
 template <typename Update, typename T>

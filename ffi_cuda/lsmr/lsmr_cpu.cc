@@ -1,12 +1,12 @@
-// CPU twin of the fused LSMR recurrences: the same FFI contract as recurrence_cuda.cu, plain loops.
+// CPU twin of the fused LSMR recurrences: the same FFI contract as lsmr_cuda.cu, plain loops.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <utility>
 
+#include "lsmr/bindings.h"
 #include "lsmr/iteration_calls.h"
-#include "lsmr/recurrence_bindings.h"
-#include "lsmr/recurrence_params.h"
+#include "lsmr/params.h"
 
 namespace jax_ops::lsmr {
 namespace {
@@ -113,7 +113,7 @@ ffi::Error StepCpu(ffi::AnyBuffer vb, ffi::AnyBuffer v, ffi::AnyBuffer h, ffi::A
                                    {"s_v", "keep_v", "c_h", "c_x", "c_v"}, &*partials);
 }
 
-// ---- The fused iteration (recurrence_params.h: PartialNormsUpdate, NormalizeUpdate, LsmrIterationUpdate, scalars).
+// ---- The fused iteration (params.h: PartialNormsUpdate, NormalizeUpdate, LsmrIterationUpdate, scalars).
 // `columns` picks the layout of the vectors (BlockShape): rows [rows..., n] or a block solve's columns [n, cols].
 
 // RunRows for either layout. In the column layout, column c's coefficients come from Update::Coefficients on the

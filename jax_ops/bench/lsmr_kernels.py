@@ -1,4 +1,4 @@
-"""Suite ``recurrence``: the fused LSMR update (hbar, x) against the same expression in jnp (XLA fuses it too).
+"""Suite ``lsmr_kernels`` (alias ``recurrence``): the fused LSMR update (hbar, x) against the same expression in jnp (XLA fuses it too).
 
 Bytes counted: 5 vectors (read h, hbar, x; write hbar, x).
 """

@@ -1,11 +1,11 @@
-// Launchers for the fused LSMR recurrences (recurrence_kernels.cu).
+// Launchers for the fused LSMR recurrences (kernels.cu).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "lsmr/recurrence_params.h"
+#include "lsmr/params.h"
 
 namespace jax_ops::lsmr {
 
@@ -23,7 +23,7 @@ struct RowwiseArgs {
   ColumnState<T> state;  // Update::kCoefFromState: where the coefficients come from
 };
 
-// Column layout (recurrence_params.h, ColumnsRowsPerCta): vectors [batch, rows, cols]; column c of batch b is state
+// Column layout (params.h, ColumnsRowsPerCta): vectors [batch, rows, cols]; column c of batch b is state
 // row s = b * cols + c, its coefficients at coef[s * NCoef ...], its partial norms at partials[s * P ...] with
 // P = ColumnsPartials(rows, cols).
 template <typename T, int NIn, int NOut, int NCoef>
@@ -37,7 +37,7 @@ struct ColumnsArgs {
   T* partials = nullptr;
 };
 
-// Launches Update (an update of recurrence_params.h) over rows x n elements. Never synchronises.
+// Launches Update (an update of params.h) over rows x n elements. Never synchronises.
 template <typename Update, typename T>
 cudaError_t LaunchRowwise(cudaStream_t stream, const RowwiseArgs<T, Update::kIn, Update::kOut, Update::kCoef>& args,
                           int sm_count);

@@ -1,0 +1,214 @@
+"""LSMR for sparse/dense least squares, matching ``scipy.sparse.linalg.lsmr`` (``jax_ops.lsmr``).
+
+Solves ``min ||A x - b||^2 + damp^2 ||x||^2`` with the Golub-Kahan bidiagonalisation of Fong & Saunders, in one
+jitted ``jax.lax.while_loop`` whose state (vectors *and* scalars) stays on the device: no host round trip per
+iteration. The recurrence is SciPy's, statement by statement (same rotations, same estimates of ``||r||``,
+``||A^T r||``, ``||A||``, ``cond(A)``, same order of the stopping tests), so ``istop``/``itn`` agree with SciPy.
+
+Design (``docs/design/lsmr.md``):
+
+* The solver runs internally on *blocks*: ``B`` is ``[k, m]``, every vector of the recurrence is ``[k, n]`` or
+  ``[k, m]`` and every scalar is a ``[k]`` vector (one per right-hand side). The plain call uses ``k = 1``;
+  ``jax.vmap`` over ``b`` (a ``custom_vmap`` rule) turns into one block solve with ``k`` = batch size: one
+  SpMM (dense A: one GEMM) per half-step serves all columns, each column keeps its own scalars and stops on
+  its own. A converged column is frozen (its scalars by ``jnp.where``, its ``x`` by zero coefficients of the
+  fused update); the loop runs until every column is done.
+* Per iteration: ``u <- A v - alpha u`` and ``v <- A^T u - beta v`` (a fused matvec-with-beta when the operator
+  has one), then five launches of our kernels (``_step_kernels``): partial norms of u's update, u's
+  normalisation, partial norms of v's update, one vector update (v's normalisation, h, hbar, x, partial norms
+  of x; each CTA derives its coefficients from the scalar state), and one scalar kernel (the rotations, the
+  estimates, the stopping tests) -- no XLA reductions or scalar fusions in the loop.
+* ``unroll`` guarded iterations per ``while_loop`` trip amortise the loop-condition round trip on GPUs; the
+  result does not depend on it (a finished column is frozen inside the trip).
+
+Operators (``A``):
+  * a dense ``[m, n]`` array (numpy or jax);
+  * ``jax.experimental.sparse.BCOO`` / ``BCSR`` (converted once, outside the loop, to ``jax_ops.sparse.CSRPair``
+    when that module exists, else used through ``jax.experimental.sparse`` products), ``scipy.sparse`` matrices
+    (converted to BCOO on the host);
+  * ``jax_ops.sparse.CSRPair`` or any object with ``shape`` (``(m, n)``), ``matvec(v[n]) -> [m]`` and
+    ``rmatvec(u[m]) -> [n]`` (jax-traceable, vmappable). Optional fused forms, used when present:
+    ``matvec_axpby(v, y, beta) -> A v + beta*y`` and ``rmatvec_axpby(u, y, beta) -> A^T u + beta*y``
+    (``beta`` is a scalar array). Register the object as a pytree (e.g. a NamedTuple or
+    ``jax.tree_util.register_dataclass``) so its arrays are arguments of the jitted solve (no recompile for new
+    values, gradients w.r.t. them); a non-pytree object is used as a static closure.
+
+Precision: vectors, matvecs and the scalar recurrence run in ``b``'s dtype (float32 or float64). The fused
+iteration's kernels accumulate the sums of squares behind the norms in float64 always; the jnp loops ("step",
+``implementation="xla"``) do so for float32 problems when ``jax_enable_x64`` is on (a convert fused into the
+reduction) and use XLA's float32 tree reductions without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_ops import _checks
+from jax_ops._src import dispatch
+from jax_ops._src.lsmr.config import GPU_UNROLL, ITERATIONS, KNOBS, LoopConfig
+from jax_ops._src.lsmr.operators import as_operator, check_float_dtype
+from jax_ops._src.lsmr.types import ColParams, LSMRResult
+from jax_ops._src.lsmr.vjp import block_solver
+
+# What implementation=None runs on the CPU: the XLA path (1.0-6.7x faster per iteration than the single-threaded
+# CPU twin on this package's CPU measurement; docs/lsmr.md).
+DEFAULT_ON_CPU = "xla"
+
+
+def _solve(spec, has_x0, loop, implementation, leaves, B, X0, cp):
+    return block_solver(spec, has_x0, loop, implementation)(leaves, B, X0, cp)
+
+
+_solve_jit = jax.jit(_solve, static_argnums=(0, 1, 2, 3))
+
+
+@functools.lru_cache(maxsize=8)
+def _solve_jit_with(compiler_options: tuple):
+    """The solve jitted with XLA compiler options (only usable as a top-level jit: JAX rejects them on a
+    nested one, so a caller's own jit must carry them instead)."""
+    return jax.jit(_solve, static_argnums=(0, 1, 2, 3), compiler_options=dict(compiler_options))
+
+
+def _at_top_level() -> bool:
+    """True when no jit/vmap/grad trace is active (the solve then is its own top-level executable)."""
+    try:
+        from jax._src import core as _core
+
+        return bool(_core.trace_state_clean())
+    except Exception:  # noqa: BLE001 - private API moved: never attach options
+        return False
+
+
+def _scalar(name, value, dtype):
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        if math.isnan(float(value)):
+            raise ValueError(f"{name} must not be NaN")
+        return jnp.full((1,), value, dtype), float(value)
+    arr = jnp.asarray(value)
+    if arr.shape != ():
+        raise ValueError(
+            f"{name} must be a scalar, got shape {arr.shape} (vmap over it for per-column values)"
+        )
+    if not jnp.issubdtype(arr.dtype, jnp.floating) and not jnp.issubdtype(arr.dtype, jnp.integer):
+        raise TypeError(f"{name} must be a real number, got dtype {arr.dtype}")
+    concrete = None if isinstance(arr, jax.core.Tracer) else float(arr)
+    return arr.astype(dtype).reshape(1), concrete
+
+
+def lsmr(
+    A: Any,
+    b: jax.Array,
+    damp: float | jax.Array = 0.0,
+    atol: float | jax.Array = 1e-6,
+    btol: float | jax.Array = 1e-6,
+    conlim: float | jax.Array = 1e8,
+    maxiter: int | jax.Array | None = None,
+    x0: jax.Array | None = None,
+    *,
+    implementation: str | None = None,
+    unroll: int | None = None,
+) -> LSMRResult:
+    """Iterative solver for least-squares problems, ``scipy.sparse.linalg.lsmr`` semantics, jittable.
+
+    Solves ``min_x ||b - A x||_2^2 + damp^2 ||x - x0||_2^2``-style problems exactly as SciPy does (with ``x0``,
+    LSMR solves for the correction ``x - x0`` and damps the correction).
+
+    Args:
+      A: ``[m, n]`` operator: dense array, ``jax.experimental.sparse.BCOO``/``BCSR``, ``scipy.sparse`` matrix,
+        ``jax_ops.sparse.CSRPair``, or an object with ``shape``, ``matvec`` and ``rmatvec`` (see module doc).
+      b: ``[m]`` float32 or float64 right-hand side; its dtype sets the precision. ``jax.vmap`` over ``b``
+        (and/or ``x0``, ``damp``, ``atol``, ...) runs one block solve for all right-hand sides.
+      damp, atol, btol, conlim: as in SciPy (Python numbers or scalar arrays; traced values do not recompile).
+      maxiter: iteration limit, default ``min(m, n)`` (SciPy's default).
+      x0: optional ``[n]`` initial guess.
+      implementation: ``None`` (the fastest correct path for the platform: on a GPU the fused FFI kernels with
+        CSRPair products for sparse inputs; on the CPU the ``"xla"`` path, measured faster than the CPU twin),
+        ``"ffi"`` (our kernels, the CPU twin on the CPU; raises when a kernel path is unavailable) or ``"xla"``
+        (jnp recurrences and jax.experimental.sparse products).
+      unroll: LSMR iterations per ``while_loop`` trip (default 1 on CPU, 2 on GPU); results do not depend on it.
+
+    Returns:
+      :class:`LSMRResult` ``(x, istop, itn, normr, normar, norma, conda, normx)``. ``istop`` is SciPy's code
+      0..7, or -1 when a non-finite value is met inside ``jit`` (then ``x`` is NaN or not a solution); outside
+      ``jit`` a non-finite ``b``/``x0`` raises ``ValueError`` instead.
+
+    Gradients: ``x`` is differentiable w.r.t. ``b`` and the matrix values (dense entries, sparse ``data``, a pytree
+    operator's float leaves) by a ``custom_vjp`` that solves the adjoint least-squares problems with the same
+    tolerances, assuming the forward solve converged and ``A`` has full column rank or ``damp > 0``
+    (``b``'s cotangent is exact for any rank at ``damp = 0``). ``x0`` gets the cotangent of
+    ``x = x0 + (A^T A + damp^2 I)^{-1} A^T (b - A x0)``; ``damp``/tolerances and the other outputs are not
+    differentiated.
+    """
+    chosen = dispatch.choose("lsmr", implementation, default_on_cpu=DEFAULT_ON_CPU)
+    # "ffi" chosen for None keeps None downstream: the products (CSRPair) keep their own fallbacks
+    implementation = "xla" if chosen == "xla" else implementation
+    _checks.check_array("b", b)
+    b = jnp.asarray(b)
+    check_float_dtype("b", b.dtype)
+    if b.ndim != 1:
+        raise ValueError(
+            f"b must be a vector [m], got shape {tuple(b.shape)}; use jax.vmap for several right-hand sides"
+        )
+    dtype = np.dtype(b.dtype)
+    spec, leaves = as_operator(A, dtype, implementation)
+    m, n = spec.m, spec.n
+    if b.shape[0] != m:
+        raise ValueError(f"b has shape {tuple(b.shape)} but A has shape ({m}, {n}): b must have length {m}")
+    if x0 is not None:
+        _checks.check_array("x0", x0)
+        x0 = jnp.asarray(x0)
+        if x0.shape != (n,):
+            raise ValueError(
+                f"x0 has shape {tuple(x0.shape)} but A has shape ({m}, {n}): x0 must have shape ({n},)"
+            )
+        if not jnp.issubdtype(x0.dtype, jnp.floating):
+            raise TypeError(f"x0 must be a float array, got dtype {x0.dtype}")
+        x0 = x0.astype(dtype)
+    damp_a, damp_c = _scalar("damp", damp, dtype)
+    if damp_c is not None and damp_c < 0:
+        raise ValueError(f"damp must be >= 0, got {damp_c}")
+    atol_a, atol_c = _scalar("atol", atol, dtype)
+    btol_a, btol_c = _scalar("btol", btol, dtype)
+    for name, c in (("atol", atol_c), ("btol", btol_c)):
+        if c is not None and c < 0:
+            raise ValueError(f"{name} must be >= 0, got {c}")
+    conlim_a, _ = _scalar("conlim", conlim, dtype)
+    if maxiter is None:
+        maxiter = min(m, n)
+    if isinstance(maxiter, (bool, np.bool_)) or (
+        isinstance(maxiter, float) and not float(maxiter).is_integer()
+    ):
+        raise TypeError(f"maxiter must be an integer, got {maxiter!r}")
+    if isinstance(maxiter, (int, np.integer, float)):
+        if maxiter < 0:
+            raise ValueError(f"maxiter must be >= 0, got {maxiter}")
+        maxiter_a = jnp.full((1,), min(int(maxiter), np.iinfo(np.int32).max), jnp.int32)
+    else:
+        maxiter_a = jnp.asarray(maxiter).astype(jnp.int32).reshape(1)
+    for name, val in (("b", b), ("x0", x0)):
+        if val is not None and not isinstance(val, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(val))):
+            raise ValueError(f"{name} contains NaN or Inf")
+    if unroll is None:
+        unroll = GPU_UNROLL if jax.default_backend() == "gpu" else 1
+    if int(unroll) < 1:
+        raise ValueError(f"unroll must be >= 1, got {unroll}")
+    cp = ColParams(damp_a, atol_a, btol_a, conlim_a, maxiter_a, jnp.zeros((1,), dtype))
+    X0 = None if x0 is None else x0[None]
+    iteration = KNOBS.iteration
+    if iteration not in ITERATIONS:
+        raise ValueError(f"the iteration knob must be one of {ITERATIONS}, got {iteration!r}")
+    loop = LoopConfig(int(unroll), bool(KNOBS.pack_scalars), iteration)
+    solve_jit = _solve_jit
+    options = KNOBS.compiler_options
+    if options and jax.default_backend() == "gpu" and _at_top_level():
+        solve_jit = _solve_jit_with(tuple(sorted(options.items())))
+    out = solve_jit(spec, x0 is not None, loop, implementation, leaves, b[None], X0, cp)
+    return jax.tree_util.tree_map(lambda a: a[0], out)
