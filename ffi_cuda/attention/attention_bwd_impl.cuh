@@ -16,7 +16,7 @@
 #include <cstdint>
 
 #include "attention/attention_kernels.h"
-#include "attention/attention_mma.cuh"
+#include "arch/sm80/mma.cuh"
 #include "common/cuda_helpers.h"
 
 namespace jax_ops::attention {

@@ -39,8 +39,8 @@
 #include <type_traits>
 
 #include "attention/attention_kernels.h"
-#include "attention/attention_mma.cuh"
-#include "attention/attention_sm90.cuh"
+#include "arch/sm80/mma.cuh"
+#include "arch/sm90/tma.cuh"
 #include "common/cuda_helpers.h"
 
 namespace jax_ops::attention {

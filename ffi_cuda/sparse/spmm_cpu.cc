@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "sparse/half_cpu.h"
+#include "common/dtype_traits.h"
 #include "sparse/spmm_params.h"
 
 namespace jax_ops::sparse {

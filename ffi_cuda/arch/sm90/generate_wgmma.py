@@ -68,7 +68,7 @@ def main() -> None:
         for n, kind in SHAPES:
             out.append(wrapper(ctype, ptx, n, kind))
     out.append("}  // namespace jax_ops::attention::sm90")
-    path = pathlib.Path(__file__).resolve().parents[1] / "attention" / "attention_wgmma.cuh"
+    path = pathlib.Path(__file__).resolve().parent / "wgmma.cuh"
     path.write_text("\n".join(out) + "\n")
     if shutil.which("clang-format"):  # the repository's style (.clang-format), as CI checks it
         subprocess.run(["clang-format", "-i", str(path)], check=True)

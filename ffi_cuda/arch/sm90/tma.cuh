@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "attention/attention_mma.cuh"
-#include "attention/attention_wgmma.cuh"
+#include "arch/sm80/mma.cuh"
+#include "arch/sm90/wgmma.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define JAX_OPS_SM90 1
