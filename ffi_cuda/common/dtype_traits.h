@@ -1,12 +1,22 @@
-// float <-> f16/bf16 bit conversions for the CPU twin (storage is uint16_t, as in XLA FFI's NativeType).
-// Round to nearest even, NaN kept quiet, overflow to infinity, f16 subnormals handled.
+// The dtype traits every family shares: XLA FFI DataType -> storage and accumulator types, and the float <->
+// f16/bf16 conversions. The host part (CpuDType, bit conversions) needs no CUDA headers, so the CPU module uses
+// it; the device part (CudaDType, ToAcc/FromAcc) is compiled only by nvcc (__CUDACC__).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
-namespace jax_ops::sparse {
+#include "xla/ffi/api/ffi.h"
 
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+namespace jax_ops {
+
+// ---------------------------------------------------------------- host: bit-exact conversions (storage uint16_t)
+// Round to nearest even, NaN kept quiet, overflow to infinity, f16 subnormals handled.
 inline float BitsToFloat(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
@@ -61,4 +71,90 @@ inline uint16_t FloatToHalf(float f) {
   return sign | static_cast<uint16_t>(v >> 13);
 }
 
-}  // namespace jax_ops::sparse
+// ---------------------------------------------------------------- host: CPU storage / accumulator per dtype
+// T: the element type on the CPU (XLA FFI's NativeType: uint16_t bits for F16/BF16); Acc: the accumulator
+// (float for 16-bit types, else T); Load/Store: T <-> Acc.
+template <xla::ffi::DataType DT>
+struct CpuDType;
+template <>
+struct CpuDType<xla::ffi::DataType::F32> {
+  using T = float;
+  using Acc = float;
+  static Acc Load(T v) { return v; }
+  static T Store(Acc v) { return v; }
+};
+template <>
+struct CpuDType<xla::ffi::DataType::F64> {
+  using T = double;
+  using Acc = double;
+  static Acc Load(T v) { return v; }
+  static T Store(Acc v) { return v; }
+};
+template <>
+struct CpuDType<xla::ffi::DataType::F16> {
+  using T = uint16_t;
+  using Acc = float;
+  static Acc Load(T v) { return HalfToFloat(v); }
+  static T Store(Acc v) { return FloatToHalf(v); }
+};
+template <>
+struct CpuDType<xla::ffi::DataType::BF16> {
+  using T = uint16_t;
+  using Acc = float;
+  static Acc Load(T v) { return Bf16ToFloat(v); }
+  static T Store(Acc v) { return FloatToBf16(v); }
+};
+
+#ifdef __CUDACC__
+// ---------------------------------------------------------------- device: CUDA storage / accumulator per dtype
+// T: the element type in CUDA code (__half / __nv_bfloat16 for F16 / BF16); Acc as for CpuDType.
+template <xla::ffi::DataType DT>
+struct CudaDType;
+template <>
+struct CudaDType<xla::ffi::DataType::F32> {
+  using T = float;
+  using Acc = float;
+};
+template <>
+struct CudaDType<xla::ffi::DataType::F64> {
+  using T = double;
+  using Acc = double;
+};
+template <>
+struct CudaDType<xla::ffi::DataType::F16> {
+  using T = __half;
+  using Acc = float;
+};
+template <>
+struct CudaDType<xla::ffi::DataType::BF16> {
+  using T = __nv_bfloat16;
+  using Acc = float;
+};
+
+// Device conversions: ToAcc(T) widens to the accumulator, FromAcc<T>(Acc) rounds back (nearest even).
+__device__ __forceinline__ float ToAcc(float v) { return v; }
+__device__ __forceinline__ double ToAcc(double v) { return v; }
+__device__ __forceinline__ float ToAcc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToAcc(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T FromAcc(float v);
+template <>
+__device__ __forceinline__ float FromAcc<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half FromAcc<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromAcc<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <typename T>
+__device__ __forceinline__ T FromAcc(double v) {
+  return v;
+}
+#endif  // __CUDACC__
+
+}  // namespace jax_ops
