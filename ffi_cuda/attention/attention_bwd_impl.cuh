@@ -15,12 +15,17 @@
 
 #include <cstdint>
 
+#include "arch/sm80/cp_async.cuh"
+#include "arch/sm80/ldmatrix.cuh"
+#include "arch/sm80/mma.cuh"
 #include "attention/attention_kernels.h"
-#include "attention/attention_mma.cuh"
+#include "attention/tile_math.cuh"
 #include "common/cuda_helpers.h"
+#include "common/dtype_traits.h"
 
 namespace jax_ops::attention {
 namespace {
+using sm80::CpAsyncCommit, sm80::CpAsyncWait, sm80::LdMatrixX4, sm80::LdMatrixX4Trans, sm80::Mma, sm80::PackAFrag;
 
 template <int kHeadDim>
 struct BwdTraits {
@@ -69,7 +74,7 @@ __device__ __forceinline__ void RowStats(const AttentionParams& p, const BwdPoin
     for (int c = half; c < Tr::kChunks; c += 2) {
       const T* dchunk = s_do + Swz<Tr::kPitch>(row, c);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc += ToFloat(orow[c * 8 + e]) * ToFloat(dchunk[e]);
+      for (int e = 0; e < 8; ++e) acc += ToAcc(orow[c * 8 + e]) * ToAcc(dchunk[e]);
     }
   }
   acc += __shfl_xor_sync(0xffffffffu, acc, 1);

@@ -38,13 +38,19 @@
 #include <mutex>
 #include <type_traits>
 
+#include "arch/sm80/fast_math.cuh"
+#include "arch/sm80/mma.cuh"
+#include "arch/sm80/smem.cuh"
+#include "arch/sm90/sm90.cuh"
 #include "attention/attention_kernels.h"
-#include "attention/attention_mma.cuh"
-#include "attention/attention_sm90.cuh"
+#include "attention/tile_math.cuh"
 #include "common/cuda_helpers.h"
+#include "common/dtype_traits.h"
 
 namespace jax_ops::attention {
 namespace sm90 {
+using jax_ops::sm80::FastExp2, jax_ops::sm80::Mma, jax_ops::sm80::SmemAddr;
+using namespace jax_ops::sm90;  // the Hopper primitives (arch/sm90)
 
 inline constexpr float kBwdLog2e = 1.4426950408889634f;
 
@@ -73,7 +79,7 @@ __device__ __forceinline__ float DotChunk(const T* a, const T* b) {
   const T* be = reinterpret_cast<const T*>(&bv);
   float acc = 0.f;
 #pragma unroll
-  for (int e = 0; e < 8; ++e) acc += ToFloat(ae[e]) * ToFloat(be[e]);
+  for (int e = 0; e < 8; ++e) acc += ToAcc(ae[e]) * ToAcc(be[e]);
   return acc;
 }
 

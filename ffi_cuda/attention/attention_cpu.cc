@@ -8,60 +8,13 @@
 
 #include "attention/bindings.h"
 #include "attention/params.h"
+#include "common/dtype_traits.h"
 
 namespace jax_ops::attention {
 namespace {
 
 constexpr int64_t kKeyTile = 64;  // keys per online-softmax step
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// ---------------------------------------------------------------- f16 / bf16 <-> f32 (storage is uint16_t)
-float BitsToFloat(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-uint32_t FloatBits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
-float Bf16ToFloat(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
-
-uint16_t FloatToBf16(float f) {  // round to nearest even, NaN stays NaN
-  uint32_t u = FloatBits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  if (exp == 0x1f) return BitsToFloat(sign | 0x7f800000u | (mant << 13));  // inf / NaN
-  if (exp == 0) {                                                          // zero / subnormal: mant * 2^-24
-    const float v = static_cast<float>(mant) * 5.9604644775390625e-8f;
-    return sign ? -v : v;
-  }
-  return BitsToFloat(sign | ((exp + 112u) << 23) | (mant << 13));
-}
-
-uint16_t FloatToHalf(float f) {  // round to nearest even, overflow to inf, subnormals kept
-  const uint32_t u = FloatBits(f);
-  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;           // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;          // rounds to >= 65520: inf
-  if (abs < 0x38800000u) {                                // below 2^-14: subnormal or zero
-    const float scaled = BitsToFloat(abs) * 16777216.0f;  // exact in f32
-    const float r = std::nearbyint(scaled);               // default rounding mode: nearest even
-    return sign | static_cast<uint16_t>(r);
-  }
-  uint32_t v = abs - (112u << 23);
-  v += 0xfffu + ((v >> 13) & 1u);
-  return sign | static_cast<uint16_t>(v >> 13);
-}
 
 // Whole buffer -> float vector, and back.
 std::vector<float> ToFloat(const ffi::AnyBuffer& x) {

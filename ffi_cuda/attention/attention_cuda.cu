@@ -12,6 +12,7 @@
 #include "attention/heuristics.h"
 #include "attention/params.h"
 #include "common/cuda_helpers.h"
+#include "common/dtype_traits.h"
 
 namespace jax_ops::attention {
 namespace {
@@ -50,7 +51,7 @@ template <typename Launch>
 ffi::Error WithHalfType(ffi::DataType dtype, Launch&& launch) {
   return DispatchDType<ffi::DataType::F16, ffi::DataType::BF16>(
       dtype, "q (the CUDA attention kernel takes float16 or bfloat16)", [&](auto tag) -> ffi::Error {
-        using T = std::conditional_t<decltype(tag)::value == ffi::DataType::F16, __half, __nv_bfloat16>;
+        using T = typename CudaDType<decltype(tag)::value>::T;
         JAX_OPS_RETURN_IF_CUDA_ERROR(launch(TypeTag<T>{}));
         return ffi::Error::Success();
       });

@@ -14,12 +14,17 @@
 
 #include <cstdint>
 
+#include "arch/sm80/cp_async.cuh"
+#include "arch/sm80/ldmatrix.cuh"
+#include "arch/sm80/mma.cuh"
 #include "attention/attention_kernels.h"
-#include "attention/attention_mma.cuh"
+#include "attention/tile_math.cuh"
 #include "common/cuda_helpers.h"
+#include "common/dtype_traits.h"
 
 namespace jax_ops::attention {
 namespace {
+using sm80::CpAsyncCommit, sm80::CpAsyncWait, sm80::LdMatrixX4, sm80::LdMatrixX4Trans, sm80::Mma, sm80::PackAFrag;
 
 template <int kHeadDim>
 struct FwdTraits {
@@ -145,7 +150,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 2)
             if (in_range) {
               const int64_t off = p.bias_strides.Offset(b, n, rows[i], col);
               const float bv = ptr.bias_is_f32 ? static_cast<const float*>(ptr.bias)[off]
-                                               : ToFloat(static_cast<const T*>(ptr.bias)[off]);
+                                               : ToAcc(static_cast<const T*>(ptr.bias)[off]);
               x += bv * kLog2e;
             }
           }

@@ -29,13 +29,17 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "arch/sm80/fast_math.cuh"
+#include "arch/sm80/mma.cuh"
+#include "arch/sm90/sm90.cuh"
 #include "attention/attention_kernels.h"
-#include "attention/attention_mma.cuh"
-#include "attention/attention_sm90.cuh"
+#include "attention/tile_math.cuh"
 #include "common/cuda_helpers.h"
 
 namespace jax_ops::attention {
 namespace sm90 {
+using jax_ops::sm80::FastExp2, jax_ops::sm80::Mma;
+using namespace jax_ops::sm90;  // the Hopper primitives (arch/sm90)
 
 template <int kHeadDim, int kStagesT = 2, int kBlockNT = 128>
 struct FwdTraits {

@@ -3,44 +3,12 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/dtype_traits.h"
 #include "sparse/bindings.h"
-#include "sparse/half_cpu.h"
 #include "sparse/spmm_params.h"
 
 namespace jax_ops::sparse {
 namespace {
-
-// Storage <-> accumulator conversions per dtype.
-template <ffi::DataType DT>
-struct Conv;
-template <>
-struct Conv<ffi::DataType::F32> {
-  using T = float;
-  using Acc = float;
-  static Acc Load(T v) { return v; }
-  static T Store(Acc v) { return v; }
-};
-template <>
-struct Conv<ffi::DataType::F64> {
-  using T = double;
-  using Acc = double;
-  static Acc Load(T v) { return v; }
-  static T Store(Acc v) { return v; }
-};
-template <>
-struct Conv<ffi::DataType::F16> {
-  using T = uint16_t;
-  using Acc = float;
-  static Acc Load(T v) { return HalfToFloat(v); }
-  static T Store(Acc v) { return FloatToHalf(v); }
-};
-template <>
-struct Conv<ffi::DataType::BF16> {
-  using T = uint16_t;
-  using Acc = float;
-  static Acc Load(T v) { return Bf16ToFloat(v); }
-  static T Store(Acc v) { return FloatToBf16(v); }
-};
 
 template <typename C>
 void RowRange(const SpmmArgs<typename C::T, typename C::Acc>& a, int64_t r, int64_t* s, int64_t* e) {
@@ -150,7 +118,7 @@ ffi::Error CsrSpmmCpu(ffi::AnyBuffer indptr, ffi::AnyBuffer indices, ffi::AnyBuf
   if (shape->m == 0 || shape->n == 0) return ffi::Error::Success();
   return DispatchDType<ffi::DataType::F16, ffi::DataType::BF16, ffi::DataType::F32, ffi::DataType::F64>(
       shape->dtype, "values", [&](auto tag) -> ffi::Error {
-        using C = Conv<decltype(tag)::value>;
+        using C = CpuDType<decltype(tag)::value>;
         auto a = MakeSpmmArgs<typename C::T, typename C::Acc>(*shape, indptr, indices, values, b, alpha, beta, y,
                                                               long_rows, long_ptr, *out, *ws);
         Run<C>(a);

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "common/cuda_helpers.h"
+#include "common/dtype_traits.h"
 #include "common/handle_pool.h"
 #include "sparse/bindings.h"
 #include "sparse/spmm_kernels.h"
@@ -14,29 +15,6 @@
 
 namespace jax_ops::sparse {
 namespace {
-
-template <ffi::DataType DT>
-struct DeviceType;
-template <>
-struct DeviceType<ffi::DataType::F32> {
-  using T = float;
-  using Acc = float;
-};
-template <>
-struct DeviceType<ffi::DataType::F64> {
-  using T = double;
-  using Acc = double;
-};
-template <>
-struct DeviceType<ffi::DataType::F16> {
-  using T = __half;
-  using Acc = float;
-};
-template <>
-struct DeviceType<ffi::DataType::BF16> {
-  using T = __nv_bfloat16;
-  using Acc = float;
-};
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -103,8 +81,8 @@ ffi::Error CsrSpmmCuda(cudaStream_t stream, ffi::AnyBuffer indptr, ffi::AnyBuffe
   if (props.has_error()) return props.error();
   return DispatchDType<ffi::DataType::F16, ffi::DataType::BF16, ffi::DataType::F32, ffi::DataType::F64>(
       shape->dtype, "values", [&](auto tag) -> ffi::Error {
-        using T = typename DeviceType<decltype(tag)::value>::T;
-        using Acc = typename DeviceType<decltype(tag)::value>::Acc;
+        using T = typename CudaDType<decltype(tag)::value>::T;
+        using Acc = typename CudaDType<decltype(tag)::value>::Acc;
         auto a =
             MakeSpmmArgs<T, Acc>(*shape, indptr, indices, values, b, alpha, beta, y, long_rows, long_ptr, *out, *ws);
         if constexpr (std::is_same_v<T, Acc>)  // f32, f64 (CheckSpmmArgs allows the cusparse plan only there)

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/dtype_traits.h"
 #include "sparse/heuristics.h"
 #include "sparse/spmm_kernels.h"
 
@@ -38,30 +39,6 @@ namespace jax_ops::sparse {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float ToAcc(float v) { return v; }
-__device__ __forceinline__ double ToAcc(double v) { return v; }
-__device__ __forceinline__ float ToAcc(__half v) { return __half2float(v); }
-__device__ __forceinline__ float ToAcc(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T FromAcc(float v);
-template <>
-__device__ __forceinline__ float FromAcc<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half FromAcc<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromAcc<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <typename T>
-__device__ __forceinline__ T FromAcc(double v) {
-  return v;
-}
 
 template <typename T>
 __device__ __forceinline__ T Ld(const T* p) {

@@ -1,0 +1,79 @@
+// TMA (sm_90a): tensor-map encoding on the host, 4-D tensor loads completing on an mbarrier, tensor-map prefetch
+// and the generic -> async proxy fence.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "arch/sm80/smem.cuh"
+#include "arch/sm90/target.cuh"
+
+namespace jax_ops::sm90 {
+
+// Orders this thread's earlier generic-proxy shared-memory accesses (ld/st.shared) before async-proxy accesses (a
+// TMA load another thread issues after a barrier) to the same bytes: the write-after-read/write of a reused tile.
+__device__ __forceinline__ void FenceProxyAsyncSmem() {
+#if JAX_OPS_SM90
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// TMA: one box of a 4-D tensor map into shared memory; completion is counted on `bar` in bytes.
+__device__ __forceinline__ void TmaLoad4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
+                                          int c3) {
+#if JAX_OPS_SM90
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(sm80::SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(sm80::SmemAddr(bar))
+      : "memory");
+#endif
+}
+
+__device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap* map) {
+#if JAX_OPS_SM90
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+#endif
+}
+
+// cuTensorMapEncodeTiled from the driver, looked up once through the runtime (no link against libcuda).
+inline PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult qres;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &qres) !=
+            cudaSuccess ||
+        qres != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// Map of a dense [B, rows, heads, D] tensor of T (__half or __nv_bfloat16); box = 64 elements x 1 head x box_rows
+// rows x 1 batch, 128B swizzle (the layout the wgmma descriptors of warpgroup.cuh read).
+template <typename T>
+bool EncodeMap(CUtensorMap* map, const void* base, int64_t batch, int64_t rows, int64_t heads, int64_t head_dim,
+               int box_rows) {
+  const auto encode = TensorMapEncoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(heads),
+                              static_cast<cuuint64_t>(rows), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(head_dim * 2), static_cast<cuuint64_t>(heads * head_dim * 2),
+                                 static_cast<cuuint64_t>(rows * heads * head_dim * 2)};
+  const cuuint32_t box[4] = {64, 1, static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType dtype =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return encode(map, dtype, 4, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace jax_ops::sm90

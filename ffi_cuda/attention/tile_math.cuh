@@ -1,0 +1,94 @@
+// Attention-specific device pieces shared by the forward and backward kernels (the hardware primitives they use
+// live in arch/sm80 and arch/sm90): swizzled tile indexing and loads, per-batch sequence lengths, the softmax quad
+// reductions, and the Hopper epilogue of a wgmma accumulator tile through shared memory.
+#pragma once
+
+#include <cstdint>
+
+#include "arch/sm80/cp_async.cuh"
+#include "arch/sm80/mma.cuh"
+#include "attention/attention_kernels.h"
+
+namespace jax_ops::attention {
+namespace {
+
+// Element index of (row, 16-byte chunk) in a swizzled tile.
+template <int kPitch>
+__device__ __forceinline__ int Swz(int row, int chunk) {
+  return row * kPitch + (((chunk & ~7) | ((chunk ^ row) & 7)) << 3);
+}
+
+__device__ __forceinline__ int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t Max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// Valid query / key lengths of batch b: q_seqlen[b] / kv_seqlen[b] clamped to [0, T] / [0, S], or T / S.
+struct SeqLens {
+  int64_t q, kv;
+};
+__device__ __forceinline__ SeqLens SeqLensOf(const AttentionParams& p, const FwdPointers& ptr, int64_t b) {
+  return {p.has_q_seqlen ? Min64(Max64(ptr.q_seqlen[b], 0), p.seqlen_q) : p.seqlen_q,
+          p.has_kv_seqlen ? Min64(Max64(ptr.kv_seqlen[b], 0), p.seqlen_k) : p.seqlen_k};
+}
+
+// Copies `rows` x kHeadDim elements (row stride `stride` elements) into a swizzled tile; rows >= `valid` are
+// zero-filled (never read from global memory).
+template <typename Tr, typename T>
+__device__ __forceinline__ void LoadTile(T* smem, const T* g, int64_t stride, int rows, int valid) {
+  for (int i = threadIdx.x; i < rows * Tr::kChunks; i += Tr::kThreads) {
+    const int r = i / Tr::kChunks, c = i - r * Tr::kChunks;
+    const bool ok = r < valid;
+    sm80::CpAsync16(smem + Swz<Tr::kPitch>(r, c), ok ? g + r * stride + c * 8 : g, ok);
+  }
+}
+
+__device__ __forceinline__ float QuadMax(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float QuadSum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+}  // namespace
+
+namespace sm90 {
+
+// Epilogue of a 64-row wgmma accumulator tile (m64nD fp32: thread (warp, lane) holds rows warp*16 + lane/4 and
+// +8, columns dt*8 + (lane&3)*2 and +1): scaled per row and rounded to T into shared memory in the 128-byte-swizzled
+// tile layout (rows of 128 bytes, 64-column panels `panel_bytes` apart; `rows` 1024-byte aligned), so that the
+// global stores can be whole 16-byte row chunks (SmemRowsToGlobal) instead of 4-byte scattered ones.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void AccToSmemRows(const float (&acc)[kHeadDim / 2], const float (&scale)[2],
+                                              unsigned char* rows, int panel_bytes, int warp, int lane) {
+#pragma unroll
+  for (int dt = 0; dt < kHeadDim / 8; ++dt) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = warp * 16 + (lane >> 2) + 8 * i;
+      const int d = dt * 8 + (lane & 3) * 2;
+      const int chunk = (d & 63) >> 3;
+      unsigned char* dst = rows + (d >> 6) * panel_bytes + r * 128 + ((chunk ^ (r & 7)) << 4) + (d & 7) * 2;
+      *reinterpret_cast<uint32_t*>(dst) =
+          sm80::Mma<T>::Pack(acc[dt * 4 + 2 * i] * scale[i], acc[dt * 4 + 2 * i + 1] * scale[i]);
+    }
+  }
+}
+
+// kRows rows written by AccToSmemRows to global memory (row r at dst + r * row_stride), rows >= valid_rows
+// skipped; kThreads threads (tid; by default the 128 of a warpgroup) store consecutive 16-byte chunks. `rows` is
+// the tile's first row or one a multiple of 8 rows further (the swizzle follows r & 7).
+template <typename T, int kHeadDim, int kRows = 64, int kThreads = 128>
+__device__ __forceinline__ void SmemRowsToGlobal(const unsigned char* rows, int panel_bytes, T* dst, int64_t row_stride,
+                                                 int valid_rows, int tid) {
+  constexpr int kChunks = kHeadDim / 8;
+  for (int idx = tid; idx < kRows * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    if (r >= valid_rows) continue;
+    const unsigned char* src = rows + (c >> 3) * panel_bytes + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+    *reinterpret_cast<uint4*>(dst + r * row_stride + c * 8) = *reinterpret_cast<const uint4*>(src);
+  }
+}
+
+}  // namespace sm90
+}  // namespace jax_ops::attention

@@ -1,0 +1,160 @@
+// The dtype traits every family shares: XLA FFI DataType -> storage and accumulator types, and the float <->
+// f16/bf16 conversions. The host part (CpuDType, bit conversions) needs no CUDA headers, so the CPU module uses
+// it; the device part (CudaDType, ToAcc/FromAcc) is compiled only by nvcc (__CUDACC__).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "xla/ffi/api/ffi.h"
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+namespace jax_ops {
+
+// ---------------------------------------------------------------- host: bit-exact conversions (storage uint16_t)
+// Round to nearest even, NaN kept quiet, overflow to infinity, f16 subnormals handled.
+inline float BitsToFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t FloatToBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+inline float Bf16ToFloat(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
+
+inline uint16_t FloatToBf16(float f) {
+  uint32_t u = FloatToBits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) return BitsToFloat(sign | 0x7f800000u | (mant << 13));  // inf / NaN
+  if (exp == 0) {
+    if (mant == 0) return BitsToFloat(sign);
+    // subnormal: mant * 2^-24
+    float v = static_cast<float>(mant) * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+  }
+  return BitsToFloat(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+inline uint16_t FloatToHalf(float f) {
+  const uint32_t u = FloatToBits(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: inf
+  if (abs < 0x38800000u) {                        // below the smallest normal (2^-14): subnormal or 0
+    // value * 2^24 rounded to nearest even, as an integer mantissa.
+    const float scaled = BitsToFloat(abs) * 16777216.0f;
+    float r = static_cast<float>(static_cast<int32_t>(scaled));
+    const float frac = scaled - r;
+    if (frac > 0.5f || (frac == 0.5f && (static_cast<int32_t>(r) & 1))) r += 1.0f;
+    return sign | static_cast<uint16_t>(static_cast<int32_t>(r));
+  }
+  // normal: rebias exponent, round mantissa from 23 to 10 bits (nearest even)
+  uint32_t v = abs - (112u << 23);
+  v += 0xfffu + ((v >> 13) & 1u);
+  return sign | static_cast<uint16_t>(v >> 13);
+}
+
+// ---------------------------------------------------------------- host: CPU storage / accumulator per dtype
+// T: the element type on the CPU (XLA FFI's NativeType: uint16_t bits for F16/BF16); Acc: the accumulator
+// (float for 16-bit types, else T); Load/Store: T <-> Acc.
+template <xla::ffi::DataType DT>
+struct CpuDType;
+template <>
+struct CpuDType<xla::ffi::DataType::F32> {
+  using T = float;
+  using Acc = float;
+  static Acc Load(T v) { return v; }
+  static T Store(Acc v) { return v; }
+};
+template <>
+struct CpuDType<xla::ffi::DataType::F64> {
+  using T = double;
+  using Acc = double;
+  static Acc Load(T v) { return v; }
+  static T Store(Acc v) { return v; }
+};
+template <>
+struct CpuDType<xla::ffi::DataType::F16> {
+  using T = uint16_t;
+  using Acc = float;
+  static Acc Load(T v) { return HalfToFloat(v); }
+  static T Store(Acc v) { return FloatToHalf(v); }
+};
+template <>
+struct CpuDType<xla::ffi::DataType::BF16> {
+  using T = uint16_t;
+  using Acc = float;
+  static Acc Load(T v) { return Bf16ToFloat(v); }
+  static T Store(Acc v) { return FloatToBf16(v); }
+};
+
+#ifdef __CUDACC__
+// ---------------------------------------------------------------- device: CUDA storage / accumulator per dtype
+// T: the element type in CUDA code (__half / __nv_bfloat16 for F16 / BF16); Acc as for CpuDType.
+template <xla::ffi::DataType DT>
+struct CudaDType;
+template <>
+struct CudaDType<xla::ffi::DataType::F32> {
+  using T = float;
+  using Acc = float;
+};
+template <>
+struct CudaDType<xla::ffi::DataType::F64> {
+  using T = double;
+  using Acc = double;
+};
+template <>
+struct CudaDType<xla::ffi::DataType::F16> {
+  using T = __half;
+  using Acc = float;
+};
+template <>
+struct CudaDType<xla::ffi::DataType::BF16> {
+  using T = __nv_bfloat16;
+  using Acc = float;
+};
+
+// Device conversions: ToAcc(T) widens to the accumulator, FromAcc<T>(Acc) rounds back (nearest even).
+__device__ __forceinline__ float ToAcc(float v) { return v; }
+__device__ __forceinline__ double ToAcc(double v) { return v; }
+__device__ __forceinline__ float ToAcc(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToAcc(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T FromAcc(float v);
+template <>
+__device__ __forceinline__ float FromAcc<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half FromAcc<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromAcc<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <typename T>
+__device__ __forceinline__ T FromAcc(double v) {
+  return v;
+}
+#endif  // __CUDACC__
+
+}  // namespace jax_ops
