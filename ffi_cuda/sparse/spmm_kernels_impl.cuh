@@ -395,6 +395,18 @@ __global__ void __launch_bounds__(kThreads) SpmvUnitKernel(SpmmArgs<T, Acc> a) {
   }
 }
 
+// Long row i of the split plan: its row and its units [u0, u1) clamped to the workspace (`total` units).
+struct LongRow {
+  int64_t r, u0, u1;
+};
+template <typename T, typename Acc>
+__device__ __forceinline__ LongRow LongRowAt(const SpmmArgs<T, Acc>& a, int64_t i, int64_t total) {
+  const int64_t r = __ldg(a.long_rows + i);
+  const int64_t u0 = min(max(static_cast<int64_t>(__ldg(a.long_ptr + i)), int64_t{0}), total);
+  const int64_t u1 = min(max(static_cast<int64_t>(__ldg(a.long_ptr + i + 1)), u0), total);
+  return {r, u0, u1};
+}
+
 // Split pass 3 for N == 1: one warp per long row; lane l sums units l, l + 32, ... in order, then a fixed xor
 // tree (deterministic; a different rounding order than the CPU twin's sequential unit sum).
 template <typename T, typename Acc>
@@ -404,9 +416,7 @@ __global__ void __launch_bounds__(kThreads) SpmvFixupKernel(SpmmArgs<T, Acc> a) 
   const int64_t nwarps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   const int64_t total = UnitsTotal(a);
   for (int64_t i = warp; i < a.num_long; i += nwarps) {
-    const int64_t r = __ldg(a.long_rows + i);
-    const int64_t u0 = min(max(static_cast<int64_t>(__ldg(a.long_ptr + i)), int64_t{0}), total);
-    const int64_t u1 = min(max(static_cast<int64_t>(__ldg(a.long_ptr + i + 1)), u0), total);
+    const auto [r, u0, u1] = LongRowAt(a, i, total);
     if (r < 0 || r >= a.m || u1 <= u0) continue;
     Acc acc = 0;
     for (int64_t u = u0 + lane; u < u1; u += 32) acc += a.ws[u];
@@ -603,9 +613,7 @@ __global__ void __launch_bounds__(kThreads) SplitFixupKernel(SpmmArgs<T, Acc> a)
   const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
   const int64_t total = UnitsTotal(a);
   for (int64_t i = warp; i < a.num_long; i += nwarps) {
-    const int64_t r = __ldg(a.long_rows + i);
-    const int64_t u0 = min(max(static_cast<int64_t>(__ldg(a.long_ptr + i)), int64_t{0}), total);
-    const int64_t u1 = min(max(static_cast<int64_t>(__ldg(a.long_ptr + i + 1)), u0), total);
+    const auto [r, u0, u1] = LongRowAt(a, i, total);
     if (r < 0 || r >= a.m || u1 <= u0) continue;
     for (int64_t col = lane; col < a.n; col += 32) {
       Acc acc = 0;
