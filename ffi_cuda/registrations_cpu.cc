@@ -83,6 +83,14 @@ NB_MODULE(_jax_ops_cpu, m) {
       constants["sparse_slab_smem_bytes"] = sp::kSlabSmemBytes;
       constants["sparse_slab_max_width"] = sp::kSlabMaxWidth;
       constants["sparse_slots_min_avg"] = nb::make_tuple(sp::kSlotsMinAvg2, sp::kSlotsMinAvg4, sp::kSlotsMinAvg8);
+      auto names = [](const auto& array) {
+        nb::list out;
+        for (const char* name : array) out.append(nb::str(name));
+        return out;
+      };
+      constants["sparse_spmm_dtypes"] = names(sp::kSpmmDTypeNames);
+      constants["sparse_slab_spmv_dtypes"] = names(sp::kSlabSpmvDTypeNames);
+      constants["sparse_cusparse_dtypes"] = names(sp::kCusparseDTypeNames);
     }
 
     // lsmr

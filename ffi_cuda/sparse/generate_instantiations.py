@@ -1,6 +1,7 @@
 """Writes ffi_cuda/sparse/instantiations/*.cu: one translation unit per (kernel kind, dtype), so nvcc builds them
-in parallel. Run after changing a table: ``python ffi_cuda/sparse/generate_instantiations.py`` (``--check`` exits 1
-when a file is out of date)."""
+in parallel, and instantiations/support.h: the dtypes of each kind (and of the cuSPARSE plan), which the handlers
+dispatch on and check against and registrations_cpu.cc exports for Python's dtype checks. Run after changing a
+table: ``python ffi_cuda/sparse/generate_instantiations.py`` (``--check`` exits 1 when a file is out of date)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ KINDS = {
         "sparse/spmm_kernels_impl.cuh",
         "JAX_OPS_INSTANTIATE_CSR_SPMM",
         "CSR SpMV/SpMM kernels",
-        {"bf16": ("__nv_bfloat16", "float"), "f16": ("__half", "float"), "f32": ("float", "float"),
+        {"f16": ("__half", "float"), "bf16": ("__nv_bfloat16", "float"), "f32": ("float", "float"),
          "f64": ("double", "double")},
     ),
     "slab_spmv_kernels": (
@@ -28,6 +29,58 @@ KINDS = {
     ),
 }  # fmt: skip
 
+# dtype suffix: (numpy name, ffi::DataType enumerator)
+DTYPES = {"f16": ("float16", "F16"), "bf16": ("bfloat16", "BF16"), "f32": ("float32", "F32"),
+          "f64": ("float64", "F64")}  # fmt: skip
+# support.h list name: (what it covers, dtype suffixes); the kernel kinds' lists come from KINDS.
+SUPPORT = {
+    "Spmm": ("jax_ops_sparse_csr_spmm: every plan but cusparse", list(KINDS["spmm_kernels"][3])),
+    "SlabSpmv": ("jax_ops_sparse_slab_spmv", list(KINDS["slab_spmv_kernels"][3])),
+    "Cusparse": ("the cusparse plan of jax_ops_sparse_csr_spmm (cuSPARSE CSR SpMV in T)", ["f32", "f64"]),
+}
+
+
+def support_header() -> str:
+    macros, arrays = [], []
+    for name, (what, suffixes) in SUPPORT.items():
+        upper = "".join("_" + c if c.isupper() else c for c in name).lstrip("_").upper()
+        macro = f"JAX_OPS_SPARSE_{upper}_DTYPES"
+        macros.append(f"#define {macro} " + ", ".join(f"ffi::DataType::{DTYPES[d][1]}" for d in suffixes))
+        names = ", ".join(f'"{DTYPES[d][0]}"' for d in suffixes)
+        arrays += [
+            f"// {what}",
+            f"inline constexpr const char* k{name}DTypeNames[] = {{{names}}};",
+            f"inline constexpr ffi::DataType k{name}DTypes[] = {{{macro}}};",
+        ]
+    lines = [
+        BANNER,
+        "// The value dtypes each sparse target takes: the handlers dispatch on (the macros, as DispatchDType's",
+        "// arguments) and check against these, and registrations_cpu.cc exports the names (jax_ops._ffi.constants())",
+        "// for the Python dtype checks.",
+        "#pragma once",
+        "",
+        "#include <cstddef>",
+        "",
+        '#include "common/ffi_helpers.h"',
+        "",
+        *macros,
+        "",
+        "namespace jax_ops::sparse {",
+        "",
+        *arrays,
+        "",
+        "template <size_t N>",
+        "constexpr bool Contains(const ffi::DataType (&dtypes)[N], ffi::DataType dt) {",
+        "  for (ffi::DataType x : dtypes)",
+        "    if (x == dt) return true;",
+        "  return false;",
+        "}",
+        "",
+        "}  // namespace jax_ops::sparse",
+        "",
+    ]
+    return "\n".join(lines)
+
 
 def files() -> dict[pathlib.Path, str]:
     out = {}
@@ -37,6 +90,7 @@ def files() -> dict[pathlib.Path, str]:
                 f"{BANNER}\n// {what} for values of type {t} (accumulating in {acc}).\n"
                 f'#include "{header}"\n\n{macro}({t}, {acc})\n'
             )
+    out[OUT / "support.h"] = support_header()
     return out
 
 
@@ -50,7 +104,7 @@ def main(argv: list[str]) -> int:
         stale.append(path.name)
         if not check:
             path.write_text(text)
-    for path in OUT.glob("*.cu"):
+    for path in [*OUT.glob("*.cu"), *OUT.glob("*.h")]:
         if path not in files():
             stale.append(path.name)
             if not check:

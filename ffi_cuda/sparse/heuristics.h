@@ -13,7 +13,7 @@
 namespace jax_ops::sparse {
 
 // Slab kernel config: 512 threads, 2 CTAs per SM (Python sizes the slab so two CTAs' u[slab] fit in an SM's
-// shared memory), 4 loads in flight per lane: the one config measured best.
+// shared memory), 4 loads in flight per lane: the fastest config of sparse_spmv_bench --slab (docs/design/sparse.md).
 constexpr int kSlabThreads = 512;
 constexpr int kSlabCtasPerSm = 2;
 constexpr int kSlabSteps = 4;

@@ -47,7 +47,7 @@ ffi::Error SlabSpmvCpu(ffi::AnyBuffer ptr, ffi::AnyBuffer col, ffi::AnyBuffer va
   auto shape = CheckSlabArgs(ptr, col, val, work, u, alpha, beta, y, *out, *ws, width, group);
   if (shape.has_error()) return shape.error();
   if (shape->n == 0) return ffi::Error::Success();
-  return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(shape->dtype, "val", [&](auto tag) -> ffi::Error {
+  return DispatchDType<JAX_OPS_SPARSE_SLAB_SPMV_DTYPES>(shape->dtype, "val", [&](auto tag) -> ffi::Error {
     using T = std::conditional_t<decltype(tag)::value == ffi::DataType::F64, double, float>;
     Run<T>(MakeSlabArgs<T, T>(*shape, ptr, col, val, work, u, alpha, beta, y, *out, *ws));
     return ffi::Error::Success();

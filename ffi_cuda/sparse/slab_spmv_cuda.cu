@@ -25,7 +25,7 @@ ffi::Error SlabSpmvCuda(cudaStream_t stream, ffi::AnyBuffer ptr, ffi::AnyBuffer 
                                        std::to_string(smem) + " bytes of shared memory; this device allows " +
                                        std::to_string((*props)->smem_per_block_optin) +
                                        " per block (build the CSRPair with slabs=False)");
-  return DispatchDType<ffi::DataType::F32, ffi::DataType::F64>(shape->dtype, "val", [&](auto tag) -> ffi::Error {
+  return DispatchDType<JAX_OPS_SPARSE_SLAB_SPMV_DTYPES>(shape->dtype, "val", [&](auto tag) -> ffi::Error {
     using T = std::conditional_t<decltype(tag)::value == ffi::DataType::F64, double, float>;
     auto a = MakeSlabArgs<T, T>(*shape, ptr, col, val, work, u, alpha, beta, y, *out, *ws);
     a.prefetch_nnz = SlabPrefetchNnz(a.w, (*props)->sm_count);

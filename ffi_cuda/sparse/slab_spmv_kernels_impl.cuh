@@ -1,5 +1,5 @@
 // Column-slab Aᵀu kernels (contract in slab_spmv_params.h). Included by slab_spmv_kernels_{f32,f64}.cu and by the
-// standalone bench (ffi_cuda/tools/spmv_bench.cu --slab).
+// standalone bench (ffi_cuda/tools/sparse_spmv_bench.cu --slab).
 //
 // Why: for tall A (m x n, m >> n) Aᵀu through CSR(Aᵀ) gathers u (MBs) at random from L2, one 32-byte sector per
 // 4-byte read. Here each CTA stages one slab of u (W entries) in shared memory and gathers from there.

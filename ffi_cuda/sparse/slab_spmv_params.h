@@ -29,6 +29,7 @@
 #include <string>
 
 #include "common/ffi_helpers.h"
+#include "sparse/instantiations/support.h"
 
 namespace jax_ops::sparse {
 
@@ -74,7 +75,7 @@ inline ffi::ErrorOr<SlabShape> CheckSlabArgs(const ffi::AnyBuffer& ptr, const ff
   auto fail = [](std::string msg) { return ffi::Unexpected(ffi::Error::InvalidArgument("slab_spmv: " + msg)); };
   SlabShape s;
   s.dtype = val.element_type();
-  if (s.dtype != ffi::DataType::F32 && s.dtype != ffi::DataType::F64)
+  if (!Contains(kSlabSpmvDTypes, s.dtype))
     return fail(std::string("val has dtype ") + DTypeName(s.dtype) +
                 "; expected f32 or f64 (half types use the CSR path)");
   const ffi::DataType acc = s.dtype;

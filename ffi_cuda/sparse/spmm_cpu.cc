@@ -116,14 +116,13 @@ ffi::Error CsrSpmmCpu(ffi::AnyBuffer indptr, ffi::AnyBuffer indices, ffi::AnyBuf
                              group, chunk);
   if (shape.has_error()) return shape.error();
   if (shape->m == 0 || shape->n == 0) return ffi::Error::Success();
-  return DispatchDType<ffi::DataType::F16, ffi::DataType::BF16, ffi::DataType::F32, ffi::DataType::F64>(
-      shape->dtype, "values", [&](auto tag) -> ffi::Error {
-        using C = CpuDType<decltype(tag)::value>;
-        auto a = MakeSpmmArgs<typename C::T, typename C::Acc>(*shape, indptr, indices, values, b, alpha, beta, y,
-                                                              long_rows, long_ptr, *out, *ws);
-        Run<C>(a);
-        return ffi::Error::Success();
-      });
+  return DispatchDType<JAX_OPS_SPARSE_SPMM_DTYPES>(shape->dtype, "values", [&](auto tag) -> ffi::Error {
+    using C = CpuDType<decltype(tag)::value>;
+    auto a = MakeSpmmArgs<typename C::T, typename C::Acc>(*shape, indptr, indices, values, b, alpha, beta, y, long_rows,
+                                                          long_ptr, *out, *ws);
+    Run<C>(a);
+    return ffi::Error::Success();
+  });
 }
 
 }  // namespace

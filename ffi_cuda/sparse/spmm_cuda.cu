@@ -79,20 +79,18 @@ ffi::Error CsrSpmmCuda(cudaStream_t stream, ffi::AnyBuffer indptr, ffi::AnyBuffe
   if (shape->m == 0 || shape->n == 0) return ffi::Error::Success();
   auto props = CurrentDeviceProps();
   if (props.has_error()) return props.error();
-  return DispatchDType<ffi::DataType::F16, ffi::DataType::BF16, ffi::DataType::F32, ffi::DataType::F64>(
-      shape->dtype, "values", [&](auto tag) -> ffi::Error {
-        using T = typename CudaDType<decltype(tag)::value>::T;
-        using Acc = typename CudaDType<decltype(tag)::value>::Acc;
-        auto a =
-            MakeSpmmArgs<T, Acc>(*shape, indptr, indices, values, b, alpha, beta, y, long_rows, long_ptr, *out, *ws);
-        if constexpr (std::is_same_v<T, Acc>)  // f32, f64 (CheckSpmmArgs allows the cusparse plan only there)
-          if (shape->algorithm == kCusparse) return CusparseSpmv<T>(stream, a, *ws);
-        constexpr int64_t kVec = 16 / sizeof(T);
-        const bool vec16 = shape->n > 1 && shape->n % kVec == 0 && Aligned16(a.b) && Aligned16(a.out) &&
-                           (a.y == nullptr || Aligned16(a.y));
-        JAX_OPS_RETURN_IF_CUDA_ERROR((LaunchCsrSpmm<T, Acc>(stream, a, vec16, (*props)->sm_count)));
-        return ffi::Error::Success();
-      });
+  return DispatchDType<JAX_OPS_SPARSE_SPMM_DTYPES>(shape->dtype, "values", [&](auto tag) -> ffi::Error {
+    using T = typename CudaDType<decltype(tag)::value>::T;
+    using Acc = typename CudaDType<decltype(tag)::value>::Acc;
+    auto a = MakeSpmmArgs<T, Acc>(*shape, indptr, indices, values, b, alpha, beta, y, long_rows, long_ptr, *out, *ws);
+    if constexpr (std::is_same_v<T, Acc>)  // f32, f64 (CheckSpmmArgs allows the cusparse plan only there)
+      if (shape->algorithm == kCusparse) return CusparseSpmv<T>(stream, a, *ws);
+    constexpr int64_t kVec = 16 / sizeof(T);
+    const bool vec16 = shape->n > 1 && shape->n % kVec == 0 && Aligned16(a.b) && Aligned16(a.out) &&
+                       (a.y == nullptr || Aligned16(a.y));
+    JAX_OPS_RETURN_IF_CUDA_ERROR((LaunchCsrSpmm<T, Acc>(stream, a, vec16, (*props)->sm_count)));
+    return ffi::Error::Success();
+  });
 }
 
 }  // namespace

@@ -4,8 +4,8 @@
 //   SpmvRowsKernel<G,U,S>  N == 1 (vector/warp and split's short rows): a warp owns U * 32/G consecutive rows,
 //                       G lanes (1..32) per row, U rows per lane, S steps of loads per iteration (U * S products
 //                       in flight per lane), next block's indptr prefetched. Config per G: RowsConfig.
-//   SpmvGroupKernel<G>  the previous N == 1 kernel (one row per group, 2 in flight); kept as the baseline of
-//                       ffi_cuda/tools/spmv_bench.cu, not launched by LaunchCsrSpmm.
+//   SpmvGroupKernel<G>  N == 1, one row per group of G lanes, 2 in flight: the baseline of
+//                       ffi_cuda/tools/sparse_spmv_bench.cu, not launched by LaunchCsrSpmm.
 //   SpmvCtaKernel       N == 1: one 256-thread CTA per row, warp shuffles + fixed-order smem reduction.
 //   SpmvBlocksKernel<R>  N == 1, blocks plan (R rows share a column list): the segmented lookup over block rows,
 //                       the row-block mapping per block row, one b[col] gather per position for R rows.
@@ -366,8 +366,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) SpmvRowsKernel(SpmmArgs<
 }
 
 // Split pass 2 for N == 1: one warp per work unit (`chunk` nnz of a long row), 4 products in flight per lane.
-// (A variant with contiguous unit ranges per warp, 8 in flight and the streaming hint measured 3% slower on the
-// power-law matrix.)
 template <typename T, typename Acc, bool kHint>
 __global__ void __launch_bounds__(kThreads) SpmvUnitKernel(SpmmArgs<T, Acc> a) {
   const int lane = threadIdx.x & 31;
@@ -397,6 +395,18 @@ __global__ void __launch_bounds__(kThreads) SpmvUnitKernel(SpmmArgs<T, Acc> a) {
   }
 }
 
+// Long row i of the split plan: its row and its units [u0, u1) clamped to the workspace (`total` units).
+struct LongRow {
+  int64_t r, u0, u1;
+};
+template <typename T, typename Acc>
+__device__ __forceinline__ LongRow LongRowAt(const SpmmArgs<T, Acc>& a, int64_t i, int64_t total) {
+  const int64_t r = __ldg(a.long_rows + i);
+  const int64_t u0 = min(max(static_cast<int64_t>(__ldg(a.long_ptr + i)), int64_t{0}), total);
+  const int64_t u1 = min(max(static_cast<int64_t>(__ldg(a.long_ptr + i + 1)), u0), total);
+  return {r, u0, u1};
+}
+
 // Split pass 3 for N == 1: one warp per long row; lane l sums units l, l + 32, ... in order, then a fixed xor
 // tree (deterministic; a different rounding order than the CPU twin's sequential unit sum).
 template <typename T, typename Acc>
@@ -406,9 +416,7 @@ __global__ void __launch_bounds__(kThreads) SpmvFixupKernel(SpmmArgs<T, Acc> a) 
   const int64_t nwarps = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5;
   const int64_t total = UnitsTotal(a);
   for (int64_t i = warp; i < a.num_long; i += nwarps) {
-    const int64_t r = __ldg(a.long_rows + i);
-    const int64_t u0 = min(max(static_cast<int64_t>(__ldg(a.long_ptr + i)), int64_t{0}), total);
-    const int64_t u1 = min(max(static_cast<int64_t>(__ldg(a.long_ptr + i + 1)), u0), total);
+    const auto [r, u0, u1] = LongRowAt(a, i, total);
     if (r < 0 || r >= a.m || u1 <= u0) continue;
     Acc acc = 0;
     for (int64_t u = u0 + lane; u < u1; u += 32) acc += a.ws[u];
@@ -508,9 +516,8 @@ __global__ void __launch_bounds__(kThreads) SpmmGroupKernel(SpmmArgs<T, Acc> a, 
 }
 
 // Launch bound of the slots kernel (CTAs of 256 per SM): 8 (<= 32 registers, full occupancy for the
-// latency-bound gathers) for f32 with one column tile, else 6 (<= 40; at 8 those spill). Without a bound ptxas
-// took 40-47 registers (5 CTAs/SM) and the kernel ran no faster than the group kernel (H200, LSMR ba-like N = 16:
-// A V 150 us, against 102 us for the same loop at 32 registers in spmv_bench --lsmr-block).
+// latency-bound gathers) for f32 with one column tile, else 6 (<= 40; at 8 those spill). Unbounded, the kernel
+// loses its occupancy and its edge over the group kernel (docs/design/sparse.md).
 template <typename T, int G>
 constexpr int SlotsMinBlocks() {
   return sizeof(T) == 4 && G < 32 ? 8 : 6;
@@ -520,9 +527,7 @@ constexpr int SlotsMinBlocks() {
 // column tile of G * VEC columns), G column lanes by S slots. Slot j walks the item's entries j, j + S, ... four
 // at a time, so every lane has four B-row gathers in flight; the slots' partial sums meet in a fixed xor tree
 // (deterministic). S grows with the nnz per item (SlotsFor), so long rows (CSR(Aᵀ) of a tall least-squares
-// matrix) get up to 32 lanes. H200, N = 16 f32, LSMR's matrices (jax_ops.bench lsmr_products, docs/design/sparse.md):
-// A V 1.04x (11kv-like) / 1.25x (ba-like) the group kernel, 11kv-like Aᵀ U 1.70x the split plan; ba-like Aᵀ U
-// (random gathers from a U larger than L2) 0.89x.
+// matrix) get up to 32 lanes. Its times against the group kernel and the split plan: docs/design/sparse.md.
 // Items [i0, i1) (rows, or split units in unit mode) by the teams of CTAs [0, ctas) of a grid-stride, `cta` this
 // one's index in that range.
 template <typename T, typename Acc, int G, int VEC, int S, bool kUnitMode>
@@ -608,9 +613,7 @@ __global__ void __launch_bounds__(kThreads) SplitFixupKernel(SpmmArgs<T, Acc> a)
   const int64_t nwarps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
   const int64_t total = UnitsTotal(a);
   for (int64_t i = warp; i < a.num_long; i += nwarps) {
-    const int64_t r = __ldg(a.long_rows + i);
-    const int64_t u0 = min(max(static_cast<int64_t>(__ldg(a.long_ptr + i)), int64_t{0}), total);
-    const int64_t u1 = min(max(static_cast<int64_t>(__ldg(a.long_ptr + i + 1)), u0), total);
+    const auto [r, u0, u1] = LongRowAt(a, i, total);
     if (r < 0 || r >= a.m || u1 <= u0) continue;
     for (int64_t col = lane; col < a.n; col += 32) {
       Acc acc = 0;
@@ -620,8 +623,8 @@ __global__ void __launch_bounds__(kThreads) SplitFixupKernel(SpmmArgs<T, Acc> a)
   }
 }
 
-// Production configuration of SpmvRowsKernel per G (lanes per row), measured on the H200 with
-// ffi_cuda/tools/spmv_bench.cu: U rows per lane, S steps per iteration, streaming hint, min CTAs per SM.
+// Production configuration of SpmvRowsKernel per G (lanes per row), the best of sparse_spmv_bench's sweep
+// (docs/design/sparse.md): U rows per lane, S steps per iteration, streaming hint, min CTAs per SM.
 // G = 1 (rows of < 10): U = 1, S = 8 with 6 CTAs/SM; otherwise U = 2, S = 4 with the streaming hint.
 template <int G>
 struct RowsConfig {
@@ -641,8 +644,8 @@ __device__ __forceinline__ void SegmentRows(const SpmmArgs<T, Acc>& a, int64_t r
 
 // Segmented (row-class) SpMV (N == 1; contract in spmm_params.h): CTA b finds its segment in the CTA prefix
 // (long_ptr) and runs the row-block body with that segment's G over the segment's rows. Launch bound: at least
-// kSegmentedMinBlocks CTAs per SM, i.e. <= 64 registers (ptxas sm_90a/sm_80, all dtypes: 61-64, no spills); H200
-// --tails, LSMR ba-like Aᵀu: 46.8 µs with the bound vs 49.5 µs without.
+// kSegmentedMinBlocks CTAs per SM, i.e. <= 64 registers (all dtypes fit without spills; the bound is faster than
+// none, docs/design/sparse.md).
 constexpr int kSegmentedMinBlocks = 4;
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(kThreads, kSegmentedMinBlocks) SpmvSegmentedKernel(SpmmArgs<T, Acc> a) {

@@ -55,6 +55,7 @@
 #include <string>
 
 #include "common/ffi_helpers.h"
+#include "sparse/instantiations/support.h"
 
 namespace jax_ops::sparse {
 
@@ -139,8 +140,7 @@ inline ffi::ErrorOr<SpmmShape> CheckSpmmArgs(const ffi::AnyBuffer& indptr, const
   SpmmShape s;
   s.dtype = values.element_type();
   const ffi::DataType acc = AccType(s.dtype);
-  if (s.dtype != ffi::DataType::F16 && s.dtype != ffi::DataType::BF16 && s.dtype != ffi::DataType::F32 &&
-      s.dtype != ffi::DataType::F64)
+  if (!Contains(kSpmmDTypes, s.dtype))
     return fail(std::string("values has dtype ") + DTypeName(s.dtype) + "; expected f16, bf16, f32 or f64");
   if (values.dimensions().size() != 1) return fail("values must have rank 1");
   if (!IsRank1S32(indptr) || !IsRank1S32(indices) || !IsRank1S32(long_rows) || !IsRank1S32(long_ptr))
@@ -197,7 +197,7 @@ inline ffi::ErrorOr<SpmmShape> CheckSpmmArgs(const ffi::AnyBuffer& indptr, const
   }
   if (algorithm < kVector || algorithm > kBlocks) return fail("unknown algorithm " + std::to_string(algorithm));
   if (algorithm == kCusparse) {
-    if (s.n > 1 || (s.dtype != ffi::DataType::F32 && s.dtype != ffi::DataType::F64))
+    if (s.n > 1 || !Contains(kCusparseDTypes, s.dtype))
       return fail("the cusparse plan needs N <= 1 and f32 or f64 values, got N = " + std::to_string(s.n) + " and " +
                   DTypeName(s.dtype));
     if (static_cast<int64_t>(ws.size_bytes()) < kCusparseZeroBytes)

@@ -1,4 +1,4 @@
-// Host side of the column-slab bench (spmv_bench.cu --slab): the slab format and work list of
+// Host side of the column-slab bench (sparse_spmv_bench.cu --slab): the slab format and work list of
 // ffi_cuda/sparse/slab_spmv_params.h built in C++ from a CSR(A), because the bench has no Python. The library
 // builds the same arrays in jax_ops.sparse (_slab_arrays on device, _slab_work_host from the concrete ptr); the
 // kernels are the library's (sparse/slab_spmv_kernels_impl.cuh).

@@ -2,33 +2,22 @@
 // (same shapes and row profiles, seeded), every candidate plan of the real kernels (spmm_kernels_impl.cuh) and
 // cuSPARSE (cusparseSpMV, CSR, ALG_DEFAULT and CSR_ALG2), CUDA-event timing (median of 7 runs of `reps`
 // launches), each result checked against a float64 CPU reference with the output poisoned (NaN) first.
-// Build here, carry the binary, run on the GPU machine (LD_LIBRARY_PATH: the folder of libcusparse.so.12):
-//   CU=$(python3 -c "import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))")/nvidia/cu13
-//   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -cudart static \
-//     -I ffi_cuda -isystem $(python3 -c "import jax.ffi as f; print(f.include_dir())") -isystem $CU/include \
-//     ffi_cuda/tools/spmv_bench.cu -o spmv_bench -L $CU/lib -l:libcusparse.so.12
-// or build and run it on the GPU machine itself: ffi_cuda/tools/run_spmv_experiments.sh.
-// Usage: spmv_bench [--small] [--quick] [--slab] [--lsmr-pass] [--tails] [--blocks] [--lsmr-block] [--csv FILE]
+// Built by CMake with JAX_OPS_TOOLS=ON (target sparse_spmv_bench, ffi_cuda/tools/CMakeLists.txt).
+// Usage: sparse_spmv_bench [--small] [--quick] [--slab] [--tails] [--blocks] [--blocks-small] [--csv FILE]
+//   (no flag): every suite matrix, Ax and ATu: cuSPARSE, the row-group baseline, the dispatched plan and a sweep of
+//            the rows kernel's parameters, then a summary table.
 //   --blocks: the blocks plan (rows sharing a column list) on the bundle-adjustment matrices, vs cuSPARSE and the
 //            dispatched CSR plan; --blocks-small: its ragged checks only (also part of --small).
-//   --tails: issue 3's slow cases (power-law Ax/ATu, bundle-adj 1M and LSMR's ba-like Ax/ATu, uniform ATu):
-//            cuSPARSE, the dispatched plan, vector G/2 and 2G, split at chunk 128/256/512, the segmented plan
-//            (rows per chunk 1024/4096/16384, G x0.5/x2, one launch per segment), a summary table last. (The
-//            one-launch split "split1" was measured here on 2026-12-01 and rejected: docs/sparse.md.)
-//   --lsmr-pass: LSMR's two sweeps vs the one-pass experiment (tools/lsmr_pass.cuh) on the LSQ matrices.
-//   --lsmr-ba: the full parameter sweep (split chunks 64/128/256 included) on LSMR's ba-like Jacobian and the
-//            suite's bundle-adjustment matrix, whose CSR(Aᵀ) mix long camera rows (~500 / ~100 entries) with
-//            short point rows (~5 / ~8); the profile rule picks vector G = 4 for all of them.
-//   --lsmr-block: LSMR's 16-RHS block solve, N = 16 SpMM (A V, Aᵀ U) on the three LSMR matrices (library plan,
-//            G/VEC, split chunks, slots/hybrid, [16, M] layout, cuSPARSE SpMM) and the k = 16 vector passes, with an
-//            iteration model (tools/lsmr_block.cuh).
+//   --tails: the cases slower than cuSPARSE (power-law Ax/ATu, bundle-adj 1M and LSMR's ba-like Ax/ATu, uniform
+//            ATu): cuSPARSE, the dispatched plan, vector G/2 and 2G, split at chunk 128/256/512, the segmented plan
+//            (rows per chunk 1024/4096/16384, G x0.5/x2, one launch per segment), a summary table last.
 //   --small: only the small every-path correctness checks (all dtypes, N = 1 and SpMM, the slab kernels' ragged
 //            cases), e.g. under compute-sanitizer; --quick: no parameter sweeps, only the dispatched plan and
 //            cuSPARSE; --slab: the slab kernels' ragged checks, then the two LSQ matrices (slab predicate: yes) and
 //            bundle-adjustment (predicate: no) only, Ax/Aᵀu by the dispatched plan and cuSPARSE and Aᵀu by the
-//            library's column-slab kernels (sparse/slab_spmv_kernels_impl.cuh) in the library's config (< 60 s).
+//            library's column-slab kernels (sparse/slab_spmv_kernels_impl.cuh) in the library's config.
 // SPMV_BENCH_ONCE=1: each timed candidate runs once (its times are meaningless), for ncu profiles of every kernel,
-//   e.g. ncu --clock-control none --section SpeedOfLight ... spmv_bench --tails.
+//   e.g. ncu --clock-control none --section SpeedOfLight ... sparse_spmv_bench --tails.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cusparse.h>
@@ -48,7 +37,6 @@
 #include "sparse/slab_spmv_kernels_impl.cuh"
 #include "sparse/spmm_kernels_impl.cuh"
 #include "tools/bench_check.h"
-#include "tools/lsmr_pass.cuh"
 #include "tools/slab_host.h"
 
 using namespace jax_ops::sparse;
@@ -490,7 +478,7 @@ static int NextPow2Host(double v) {
 }
 static int VectorGroup(double avg) { return std::min(32, std::max(2, NextPow2Host(avg / 2.0))); }
 
-// Rows per CTA of the previous stream plan (jax_ops.sparse._stream_rows).
+// Rows per CTA of the baseline's stream plan.
 static int64_t StreamRows(const Csr& a) {
   const double avg = a.m ? double(a.nnz()) / a.m : 0;
   int64_t rows = 256;
@@ -505,8 +493,8 @@ static int64_t StreamRows(const Csr& a) {
   return rows;
 }
 
-// The previous dispatch (docs/sparse.md before this change), run with the previous kernels.
-static Result OldPlan(Case& c) {
+// Baseline: the row-group plans (one row per group of G lanes: SpmvGroupKernel, SpmvCtaKernel, stream).
+static Result GroupBaseline(Case& c) {
   const Csr& h = *c.host;
   const Profile p = ProfileOf(h);
   SpmmArgs<float, float> a = BaseArgs(c);
@@ -528,18 +516,18 @@ static Result OldPlan(Case& c) {
   if (alg == "stream") {
     a.algorithm = kStream;
     a.chunk = StreamRows(h);
-    return Measure(c, "old stream R=" + std::to_string(a.chunk), [&] {
+    return Measure(c, "group stream R=" + std::to_string(a.chunk), [&] {
       SpmvStreamKernel<float, float><<<static_cast<unsigned>((a.m + a.chunk - 1) / a.chunk), 256>>>(a);
     });
   }
   if (alg == "cta")
-    return Measure(c, "old cta", [&] { SpmvCtaKernel<float, float><<<std::min<int64_t>(a.m, cap), 256>>>(a); });
+    return Measure(c, "group cta", [&] { SpmvCtaKernel<float, float><<<std::min<int64_t>(a.m, cap), 256>>>(a); });
   if (alg == "split") {
     SetSplit(c, 1024);
     a = BaseArgs(c);
     a.algorithm = kSplit, a.chunk = 1024, a.num_long = c.num_long, a.units = c.units;
     const int g = VectorGroup(std::min(p.avg, p.p95));
-    return Measure(c, "old split G=" + std::to_string(g), [&] {
+    return Measure(c, "group split G=" + std::to_string(g), [&] {
       WithGroup(g, [&](auto gc) {
         constexpr int G = decltype(gc)::value;
         SpmvGroupKernel<float, float, G><<<blocks_for(a.m * G), 256>>>(a, false);
@@ -550,7 +538,7 @@ static Result OldPlan(Case& c) {
     });
   }
   const int g = alg == "warp" ? 32 : VectorGroup(p.avg);
-  return Measure(c, "old " + alg + " G=" + std::to_string(g), [&] {
+  return Measure(c, "group " + alg + " G=" + std::to_string(g), [&] {
     WithGroup(g, [&](auto gc) {
       constexpr int G = decltype(gc)::value;
       SpmvGroupKernel<float, float, G><<<blocks_for(a.m * G), 256>>>(a, false);
@@ -616,7 +604,6 @@ static Result Cusparse(Case& c, cusparseHandle_t h, cusparseOperation_t op, cusp
 }
 
 static FILE* g_csv = nullptr;
-static bool g_sweep_split = false;  // --lsmr-ba: the parameter sweep also tries split chunks on every matrix
 
 static void Print(const Case& c, const char* op, const Result& r, double ref_us) {
   const double gbps = c.bytes / (r.us * 1e-6) / 1e9;
@@ -731,7 +718,7 @@ static void RunCase(const Csr& mat, const DevCsr* csr_a, const char* op, cuspars
     if (r.us > 0) Print(c, op, r, ref_us);
     if (r.us > 0 && r.ok) best_cusp = std::min(best_cusp, r.us);
   }
-  Print(c, op, OldPlan(c), ref_us);
+  Print(c, op, GroupBaseline(c), ref_us);
   SetSplit(c, 1 << 30);
 
   // Production dispatch (LaunchCsrSpmm with the plan jax_ops.sparse would choose).
@@ -745,9 +732,7 @@ static void RunCase(const Csr& mat, const DevCsr* csr_a, const char* op, cuspars
     std::vector<Result> sweep;
     const int g0 = VectorGroup(p.avg);
     const bool long_rows = p.max > std::max(2048.0, 32 * p.avg);
-    std::vector<int64_t> chunks = long_rows       ? std::vector<int64_t>{128, 256, 512}
-                                  : g_sweep_split ? std::vector<int64_t>{0, 64, 128, 256}
-                                                  : std::vector<int64_t>{0};
+    std::vector<int64_t> chunks = long_rows ? std::vector<int64_t>{128, 256, 512} : std::vector<int64_t>{0};
     for (int64_t chunk : chunks) {
       if (chunk) SetSplit(c, chunk);
       const std::vector<int> gs =
@@ -858,9 +843,6 @@ static void SpmmSplitCompare(const Csr& h, int sms) {
   }
   Free(d);
 }
-
-// ------------------------------------------------- --lsmr-block: LSMR's 16-RHS block iteration (own section)
-#include "tools/lsmr_block.cuh"
 
 // --------------------------------------------------------------------------- small every-path checks (dtypes)
 template <typename T>
@@ -997,102 +979,6 @@ static int SmallChecks(const char* dname, double tol, int sms) {
     }
   }
   std::printf("small checks %s: %d failures\n", dname, fails);
-  return fails;
-}
-
-// --lsmr-pass: LSMR's two sweeps (u' = A v - c u over CSR(A), then A^T u' over CSR(A^T), the plans jax_ops picks)
-// against the one-pass experiment of tools/lsmr_pass.cuh, checked against float64 with the outputs poisoned.
-static int LsmrPassCompare(const Csr& a, const Csr& t, int sms) {
-  const int64_t m = a.m, n = a.k;
-  Rng rng(91);
-  std::vector<float> hv(n), hu(m);
-  for (auto& x : hv) x = static_cast<float>(rng.uniform() * 2.0 - 1.0);
-  for (auto& x : hu) x = static_cast<float>(rng.uniform() * 2.0 - 1.0);
-  const float c = 0.37f;
-  std::vector<double> ub_ref = Reference(a, hv), w_ref(n, 0.0);
-  for (int64_t i = 0; i < m; ++i) ub_ref[i] -= double(c) * hu[i];
-  for (int64_t i = 0; i < m; ++i)
-    for (int32_t p = a.indptr[i]; p < a.indptr[i + 1]; ++p) w_ref[a.indices[p]] += double(a.values[p]) * ub_ref[i];
-  DevCsr da = Upload(a), dt = Upload(t);
-  float *v, *u, *ub, *w, *coef, *partial;
-  double* ss;
-  const int max_grid = 4 * sms;
-  CHECK(cudaMalloc(&v, n * 4));
-  CHECK(cudaMalloc(&u, m * 4));
-  CHECK(cudaMalloc(&ub, m * 4));
-  CHECK(cudaMalloc(&w, n * 4));
-  CHECK(cudaMalloc(&coef, 4 * 4));  // 1, -c, 0, c
-  CHECK(cudaMalloc(&partial, size_t(max_grid) * n * 4));
-  CHECK(cudaMalloc(&ss, max_grid * 8));
-  CHECK(cudaMemcpy(v, hv.data(), n * 4, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(u, hu.data(), m * 4, cudaMemcpyHostToDevice));
-  const float hc[4] = {1.f, -c, 0.f, c};
-  CHECK(cudaMemcpy(coef, hc, 16, cudaMemcpyHostToDevice));
-  auto rel = [](const float* dev, const std::vector<double>& ref) {
-    std::vector<float> h(ref.size());
-    CHECK(cudaMemcpy(h.data(), dev, h.size() * 4, cudaMemcpyDeviceToHost));
-    double num = 0, den = 0;
-    for (size_t i = 0; i < h.size(); ++i) {
-      if (!std::isfinite(h[i])) return double(INFINITY);
-      num += (h[i] - ref[i]) * (h[i] - ref[i]), den += ref[i] * ref[i];
-    }
-    return std::sqrt(num / std::max(den, 1e-300));
-  };
-  auto group = [](double avg) { return avg < 10 ? 1 : avg < 64 ? 4 : avg < 128 ? 8 : avg < 256 ? 16 : 32; };
-  SpmmArgs<float, float> ax;
-  ax.indptr = da.indptr, ax.indices = da.indices, ax.values = da.values, ax.b = v, ax.y = u, ax.out = ub;
-  ax.alpha = coef, ax.beta = coef + 1, ax.m = m, ax.k = n, ax.n = 1, ax.nnz = da.nnz, ax.algorithm = kVector;
-  ax.group = group(double(a.nnz()) / std::max<int64_t>(1, m));
-  SpmmArgs<float, float> atu;
-  atu.indptr = dt.indptr, atu.indices = dt.indices, atu.values = dt.values, atu.b = ub, atu.y = nullptr, atu.out = w;
-  atu.alpha = coef, atu.beta = coef + 2, atu.m = n, atu.k = m, atu.n = 1, atu.nnz = dt.nnz, atu.algorithm = kVector;
-  atu.group = group(double(t.nnz()) / std::max<int64_t>(1, n));
-  auto pair = [&] {
-    CHECK((LaunchCsrSpmm<float, float>(nullptr, ax, false, sms)));
-    CHECK((LaunchCsrSpmm<float, float>(nullptr, atu, false, sms)));
-  };
-  int fails = 0;
-  auto run = [&](const std::string& name, const std::function<void()>& launch) {
-    CHECK(cudaMemset(ub, 0xFF, m * 4));
-    CHECK(cudaMemset(w, 0xFF, n * 4));
-    launch();
-    CHECK(cudaGetLastError());
-    CHECK(cudaDeviceSynchronize());
-    const double eu = rel(ub, ub_ref), ew = rel(w, w_ref);
-    const bool ok = eu < 1e-5 && ew < 1e-5;
-    fails += !ok;
-    const double us = MedianUs(launch, 50);
-    std::printf("  %-40s %8.1f us  rel err u' %.1e  A^T u' %.1e  %s\n", name.c_str(), us, eu, ew, ok ? "OK" : "FAIL");
-    return us;
-  };
-  std::printf("\n== lsmr pass %s: M=%lld N=%lld nnz=%lld\n", a.name.c_str(), (long long)m, (long long)n,
-              (long long)a.nnz());
-  const double base =
-      run("two sweeps (Ax G=" + std::to_string(ax.group) + ", ATu G=" + std::to_string(atu.group) + ")", pair);
-  using jax_ops::lsmr_pass::LaunchPass;
-  using jax_ops::lsmr_pass::PassArgs;
-  struct Variant {
-    const char* name;
-    cudaError_t (*launch)(const PassArgs&, cudaStream_t, int);
-    int threads, ctas_per_sm;
-  };
-  const Variant variants[] = {
-      {"pass G=4 v@L1 1024x1", LaunchPass<4, 8, false>, 1024, 1},
-      {"pass G=4 v@L1 512x2", LaunchPass<4, 8, false>, 512, 2},
-      {"pass G=8 v@L1 1024x1", LaunchPass<8, 8, false>, 1024, 1},
-      {"pass G=4 v@smem 1024x1", LaunchPass<4, 8, true>, 1024, 1},
-      {"pass G=8 v@smem 1024x1", LaunchPass<8, 8, true>, 1024, 1},
-      {"pass G=4 v@smem 512x2", LaunchPass<4, 8, true>, 512, 2},
-  };
-  for (const Variant& vt : variants) {
-    const bool vsmem = std::strstr(vt.name, "smem") != nullptr;
-    if (size_t(n) * 4 * (vsmem ? 2 : 1) * vt.ctas_per_sm > 220 * 1024) continue;  // does not fit
-    PassArgs pa{da.indptr, da.indices, da.values, v, u, coef + 3, ub, partial, w, ss, m, n, sms * vt.ctas_per_sm};
-    const double us = run(vt.name, [&] { CHECK(vt.launch(pa, nullptr, vt.threads)); });
-    std::printf("  %-40s %.2fx the two sweeps\n", "", base / us);
-  }
-  cudaFree(v), cudaFree(u), cudaFree(ub), cudaFree(w), cudaFree(coef), cudaFree(partial), cudaFree(ss);
-  Free(da), Free(dt);
   return fails;
 }
 
@@ -1733,23 +1619,11 @@ static int RunBlocks(int sms) {
 }
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i)  // --lsmr-block [--csv FILE]: its own run (tools/lsmr_block.cuh)
-    if (!std::strcmp(argv[i], "--lsmr-block")) {
-      const char* csv = nullptr;
-      for (int j = 1; j + 1 < argc; ++j)
-        if (!std::strcmp(argv[j], "--csv")) csv = argv[j + 1];
-      int sms = 0;
-      CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-      return lsmr_block::Run(sms, csv);
-    }
-  bool small_only = false, quick = false, slab_only = false, lsmr_pass = false, tails = false, blocks = false,
-       blocks_small = false;
+  bool small_only = false, quick = false, slab_only = false, tails = false, blocks = false, blocks_small = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--tails")) tails = true;
     if (!std::strcmp(argv[i], "--blocks")) blocks = true;
     if (!std::strcmp(argv[i], "--blocks-small")) blocks_small = true;
-    if (!std::strcmp(argv[i], "--lsmr-pass")) lsmr_pass = true;
-    if (!std::strcmp(argv[i], "--lsmr-ba")) g_sweep_split = true;
     if (!std::strcmp(argv[i], "--small")) small_only = true;
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--slab")) slab_only = quick = true;
@@ -1778,10 +1652,6 @@ int main(int argc, char** argv) {
   if (blocks_small) return BlocksSmallChecks(sms) ? 1 : 0;
   if (!tails) fails += SlabSmallChecks(sms) + BlocksSmallChecks(sms);
   if (small_only) return fails ? 1 : 0;
-  if (lsmr_pass) {
-    for (const Csr& a : {Lsq(306136, 6177, 18), Lsq(936063, 23394, 21)}) fails += LsmrPassCompare(a, Transpose(a), sms);
-    return fails ? 1 : 0;
-  }
   if (g_csv) std::fprintf(g_csv, "matrix,op,plan,us,GBps,err,ok\n");
 
   {                                      // copy ceiling
@@ -1808,9 +1678,6 @@ int main(int argc, char** argv) {
       [] { return BundleAdjustment(1000000, 20000, 250000); },
   };
   if (slab_only) gens.erase(gens.begin(), gens.begin() + 4);  // the LSQ and bundle-adjustment matrices only
-  if (g_sweep_split)  // the ba-like matrix of jax_ops/bench/lsmr.py (500k observations, 2000 cameras, 200k points)
-    gens = {[] { return BundleAdjustment(500000, 2000, 200000, "bundle-adj lsmr ba-like"); },
-            [] { return BundleAdjustment(1000000, 20000, 250000); }};
   for (auto& gen : gens) {
     // --slab: the two tall least-squares matrices (where jax_ops.sparse.slab_model says yes) and the
     // bundle-adjustment matrix (where it says no), Ax and ATu by the dispatched plan and cuSPARSE, then ATu by

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from csr_helpers import bcsr as _bcsr
+from csr_helpers import ffi_matmul, ffi_pair, ffi_spmm, ffi_spmv
 from helpers import rel_err as _rel
 from jax.experimental import sparse as jsparse
 
@@ -60,7 +61,7 @@ def test_bcsr_matches_reference(dtype, n):
     A = _bcsr(a, dtype)
     d = _dense_of(A)
     b = _rand((50,) if n is None else (50, n), dtype)
-    out = jax.jit(sparse.matmul)(A, b)
+    out = jax.jit(ffi_matmul)(A, b)
     assert out.dtype == np.dtype(dtype) and out.shape == ((70,) if n is None else (70, n))
     assert _rel(out, d @ _f64(b)) < TOL[dtype]
 
@@ -70,9 +71,7 @@ def test_bcsr_matches_reference(dtype, n):
 @pytest.mark.parametrize("n", [None, 4, 16])
 def test_pair_every_algorithm(dtype, algorithm, n):
     a = _random_csr(64, 48, 0.15, dtype, long_row=5)
-    pair = sparse.CSRPair.from_matrix(
-        _bcsr(a, dtype), algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=4
-    )
+    pair = ffi_pair(_bcsr(a, dtype), algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=4)
     # the cusparse plan needs f32/f64 values (else it runs as split, documented)
     expect = "split" if algorithm == "cusparse" and np.dtype(dtype).itemsize < 4 else algorithm
     assert pair.plan.algorithm == expect and pair.plan_t.algorithm == expect
@@ -94,10 +93,10 @@ def test_float64_every_algorithm(x64, algorithm):
     d = a.toarray()
     for n in (None, 5):
         x = _rand((45,) if n is None else (45, n), np.float64)
-        out = sparse.matmul(A, x, algorithm=algorithm, split_chunk=3)
+        out = ffi_matmul(A, x, algorithm=algorithm, split_chunk=3)
         assert out.dtype == np.float64
         assert _rel(out, d @ np.asarray(x)) < 1e-12
-    pair = sparse.csr_pair(A, algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=3)
+    pair = ffi_pair(A, algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=3)
     u = _rand((60,), np.float64)
     assert _rel(pair.rmatvec(u), d.T @ np.asarray(u)) < 1e-12
 
@@ -114,7 +113,7 @@ def test_cusparse_plan_rule():
     ref = sp.csr_matrix((vals, cols, indptr), shape=(m, m))
     x = _rand((m,), np.float32)
     for dtype, want in ((np.float32, "cusparse"), (np.float16, "split")):
-        pair = sparse.csr_pair(sp.csr_matrix((vals.astype(dtype), cols, indptr), shape=(m, m)))
+        pair = ffi_pair(sp.csr_matrix((vals.astype(dtype), cols, indptr), shape=(m, m)))
         assert pair.plan.algorithm == want, dtype
         assert _rel(pair.matvec(x.astype(dtype)), ref @ np.asarray(x, np.float64)) < TOL[dtype]
     bad = cols.copy()
@@ -123,21 +122,21 @@ def test_cusparse_plan_rule():
         (jnp.asarray(vals, jnp.float32), jnp.asarray(bad), jnp.asarray(indptr, jnp.int32)), shape=(m, m)
     )
     assert not sparse.cusparse_applicable(A.indptr, A.indices, m, np.float32)
-    pair = sparse.csr_pair(A)
+    pair = ffi_pair(A)
     assert pair.plan.algorithm == "split"
     keep = np.ones(indptr[-1], bool)
     keep[indptr[7] + 5] = False
     ref_bad = sp.csr_matrix((vals * keep, cols, indptr), shape=(m, m))
     assert _rel(pair.matvec(x), ref_bad @ np.asarray(x, np.float64)) < 1e-5
     # forced on a raw BCSR (columns unchecked) it runs as split; under jit the build has no profile (vector)
-    assert _rel(sparse.matmul(A, x, algorithm="cusparse"), ref_bad @ np.asarray(x, np.float64)) < 1e-5
+    assert _rel(ffi_matmul(A, x, algorithm="cusparse"), ref_bad @ np.asarray(x, np.float64)) < 1e-5
     good = jsparse.BCSR(
         (jnp.asarray(vals, jnp.float32), jnp.asarray(cols), jnp.asarray(indptr, jnp.int32)), shape=(m, m)
     )
     plans = []
 
     def traced(A, x):
-        pair = sparse.csr_pair(A)
+        pair = ffi_pair(A)
         plans.append(pair.plan.algorithm)
         return pair.matvec(x)
 
@@ -151,35 +150,35 @@ def test_cusparse_plan_rule():
     idx = np.concatenate(
         [np.stack([coo.row, coo.col], 1), np.full((pad, 2), [m, 0])]  # row m: out of range, padding
     ).astype(np.int32)
-    padded = sparse.csr_pair(jsparse.BCOO((data, jnp.asarray(idx)), shape=(m, m)))
+    padded = ffi_pair(jsparse.BCOO((data, jnp.asarray(idx)), shape=(m, m)))
     assert padded.plan.algorithm == "split" and padded.nnz == coo.nnz + pad
     assert _rel(padded.matvec(x), ref @ np.asarray(x, np.float64)) < 1e-5
     assert _rel(padded.rmatvec(x), ref.T @ np.asarray(x, np.float64)) < 1e-5
     # N = 0 on the cusparse plan: an empty product (runs as split)
-    pair = sparse.csr_pair(good)
+    pair = ffi_pair(good)
     assert pair.plan.algorithm == "cusparse"
     assert pair.matmat(jnp.zeros((m, 0), jnp.float32)).shape == (m, 0)
 
 
 def test_profile_dispatch_rules():
     # short rows -> row-block "vector" (G from the average row length); power-law -> split; long rows -> warp
-    short = sparse.csr_pair(_bcsr(_random_csr(200, 200, 0.02, np.float32), np.float32))
+    short = ffi_pair(_bcsr(_random_csr(200, 200, 0.02, np.float32), np.float32))
     assert short.plan.algorithm == "vector" and short.plan.group == 1
-    medium = sparse.csr_pair(_bcsr(_random_csr(200, 400, 0.05, np.float32), np.float32))
+    medium = ffi_pair(_bcsr(_random_csr(200, 400, 0.05, np.float32), np.float32))
     assert medium.plan.algorithm == "vector" and medium.plan.group == 4
     m = 3000
     lens = np.ones(m, np.int64)
     lens[7] = 2999
     indptr = np.concatenate([[0], np.cumsum(lens)])
     cols = np.concatenate([np.arange(n) for n in lens])
-    power = sparse.csr_pair(sp.csr_matrix((np.ones(indptr[-1], np.float32), cols, indptr), shape=(m, m)))
+    power = ffi_pair(sp.csr_matrix((np.ones(indptr[-1], np.float32), cols, indptr), shape=(m, m)))
     # split's rows; f32 with every column in range: its N = 1 products on cuSPARSE (the cusparse plan)
     assert power.plan.algorithm == "cusparse" and power.plan.units >= 3
     x = _rand((m,), np.float32)
     ref = sp.csr_matrix((np.ones(indptr[-1]), cols, indptr), shape=(m, m)) @ np.asarray(x, np.float64)
     assert _rel(power.matvec(x), ref) < 1e-5
     assert power.plan.chunk == sparse.DEFAULT_SPLIT_CHUNK and power.plan.group == 2
-    dense_rows = sparse.csr_pair(sp.csr_matrix(np.ones((4, 1024), np.float32)))
+    dense_rows = ffi_pair(sp.csr_matrix(np.ones((4, 1024), np.float32)))
     assert dense_rows.plan.algorithm == "warp" and dense_rows.plan.group == 32
 
 
@@ -190,33 +189,31 @@ def test_edge_shapes(algorithm):
     # empty rows
     a = sp.csr_matrix(np.array([[0, 0, 0], [1, 0, 2], [0, 0, 0], [0, 3, 0]], np.float32))
     x = _rand((3,), np.float32)
-    assert _rel(sparse.matmul(_bcsr(a, np.float32), x, **kw), a.toarray() @ _f64(x)) < 1e-6
+    assert _rel(ffi_matmul(_bcsr(a, np.float32), x, **kw), a.toarray() @ _f64(x)) < 1e-6
     # nnz = 0
     z = sp.csr_matrix((5, 4), dtype=np.float32)
-    out = sparse.matmul(_bcsr(z, np.float32), _rand((4, 3), np.float32), **kw)
+    out = ffi_matmul(_bcsr(z, np.float32), _rand((4, 3), np.float32), **kw)
     assert out.shape == (5, 3) and np.all(np.asarray(out) == 0)
     # 1x1
     one = sp.csr_matrix(np.array([[2.5]], np.float32))
-    assert float(sparse.matmul(_bcsr(one, np.float32), jnp.ones((1,)), **kw)[0]) == 2.5
+    assert float(ffi_matmul(_bcsr(one, np.float32), jnp.ones((1,)), **kw)[0]) == 2.5
     # one row holds all nnz
     r = _random_csr(30, 40, 0.0, np.float32, long_row=11)
     xr = _rand((40, 2), np.float32)
-    assert _rel(sparse.matmul(_bcsr(r, np.float32), xr, **kw), r.toarray() @ _f64(xr)) < 1e-5
-    pair = sparse.csr_pair(
-        _bcsr(r, np.float32), algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=2
-    )
+    assert _rel(ffi_matmul(_bcsr(r, np.float32), xr, **kw), r.toarray() @ _f64(xr)) < 1e-5
+    pair = ffi_pair(_bcsr(r, np.float32), algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=2)
     u = _rand((30,), np.float32)
     assert _rel(pair.rmatvec(u), r.toarray().T @ _f64(u)) < 1e-5
 
 
 def test_empty_matrix():
     e = sp.csr_matrix((0, 4), dtype=np.float32)
-    out = sparse.matmul(_bcsr(e, np.float32), jnp.ones((4,)))
+    out = ffi_matmul(_bcsr(e, np.float32), jnp.ones((4,)))
     assert out.shape == (0,)
     e2 = sp.csr_matrix((3, 0), dtype=np.float32)
-    out = sparse.matmul(_bcsr(e2, np.float32), jnp.ones((0, 2)))
+    out = ffi_matmul(_bcsr(e2, np.float32), jnp.ones((0, 2)))
     assert out.shape == (3, 2) and np.all(np.asarray(out) == 0)
-    pair = sparse.csr_pair(_bcsr(e2, np.float32))
+    pair = ffi_pair(_bcsr(e2, np.float32))
     assert pair.rmatvec(jnp.ones((3,))).shape == (0,)
 
 
@@ -231,11 +228,11 @@ def test_bcoo_padding_duplicates_unsorted():
         if 0 <= r < m and 0 <= c < k:
             d[r, c] += v
     x = _rand((k, 3), np.float32)
-    assert _rel(sparse.matmul(A, x), d @ _f64(x)) < 1e-6
-    pair = sparse.csr_pair(A)
+    assert _rel(ffi_matmul(A, x), d @ _f64(x)) < 1e-6
+    pair = ffi_pair(A)
     u = _rand((m,), np.float32)
     assert _rel(pair.rmatvec(u), d.T @ _f64(u)) < 1e-6
-    assert _rel(jax.jit(lambda A, x: sparse.matmul(A, x))(A, x), d @ _f64(x)) < 1e-6
+    assert _rel(jax.jit(lambda A, x: ffi_matmul(A, x))(A, x), d @ _f64(x)) < 1e-6
 
 
 def test_invalid_bcsr_stays_in_bounds():
@@ -249,18 +246,18 @@ def test_invalid_bcsr_stays_in_bounds():
     # row2 [1,6) -> 3*x1 + 5*x2 + 6*x1 (cols 9, -3 skipped); row3 [6,6) empty
     raw = np.array([1 + 30, 0, 30 + 500 + 60, 0], np.float64)
     for alg in ("vector", "warp", "cta"):
-        assert np.allclose(np.asarray(sparse.matmul(A, x, algorithm=alg)), raw)
+        assert np.allclose(np.asarray(ffi_matmul(A, x, algorithm=alg)), raw)
     expect = np.array([1 + 30, 0, 500 + 60, 0], np.float64)
     # split / CSRPair: indptr made monotone first (running max of the clamped indptr) = [0, 3, 3, 6, 6]
-    assert np.allclose(np.asarray(sparse.matmul(A, x, algorithm="split", split_chunk=1)), expect)
-    pair = sparse.csr_pair(A)
+    assert np.allclose(np.asarray(ffi_matmul(A, x, algorithm="split", split_chunk=1)), expect)
+    pair = ffi_pair(A)
     assert np.allclose(np.asarray(pair.matvec(x)), expect)
     assert np.all(np.isfinite(np.asarray(pair.rmatvec(jnp.ones((4,))))))
 
 
 def test_fused_axpby_and_per_column_coefficients():
     a = _random_csr(40, 30, 0.2, np.float32)
-    pair = sparse.csr_pair(_bcsr(a, np.float32))
+    pair = ffi_pair(_bcsr(a, np.float32))
     d = a.toarray().astype(np.float64)
     v, u = _rand((30,), np.float32), _rand((40,), np.float32, seed=3)
     alpha = jnp.float32(0.7)
@@ -281,10 +278,10 @@ def test_dense_times_sparse():
     A = _bcsr(a, np.float32)
     d = a.toarray().astype(np.float64)
     u = _rand((20,), np.float32)
-    assert _rel(sparse.matmul(u, A), _f64(u) @ d) < 1e-5
+    assert _rel(ffi_matmul(u, A), _f64(u) @ d) < 1e-5
     U = _rand((3, 20), np.float32)
-    assert _rel(sparse.matmul(U, sparse.csr_pair(A)), _f64(U) @ d) < 1e-5
-    assert _rel(sparse.csr_pair(A).T.matvec(u), d.T @ _f64(u)) < 1e-5
+    assert _rel(ffi_matmul(U, ffi_pair(A)), _f64(U) @ d) < 1e-5
+    assert _rel(ffi_pair(A).T.matvec(u), d.T @ _f64(u)) < 1e-5
 
 
 def test_scipy_and_implementation_xla():
@@ -300,7 +297,7 @@ def test_scipy_and_implementation_xla():
 # ------------------------------------------------------------------------------------------------- grads
 def _loss_sparse(values, x, A, algorithm=None):
     B = jsparse.BCSR((values, A.indices, A.indptr), shape=A.shape)
-    return jnp.sum(jnp.sin(sparse.matmul(B, x, algorithm=algorithm, split_chunk=2)))
+    return jnp.sum(jnp.sin(ffi_matmul(B, x, algorithm=algorithm, split_chunk=2)))
 
 
 @pytest.mark.parametrize("algorithm", [None, "split"])
@@ -326,7 +323,7 @@ def test_grads_match_dense(x64, algorithm):
 
 def test_pair_grads_and_axpby_grads(x64):
     a = _random_csr(10, 8, 0.4, np.float64)
-    pair = sparse.csr_pair(_bcsr(a, np.float64))
+    pair = ffi_pair(_bcsr(a, np.float64))
     v, u = _rand((8,), np.float64), _rand((10,), np.float64, seed=5)
 
     def f(v, u, al, be):
@@ -356,7 +353,7 @@ def test_bcoo_grads(x64):
     x = _rand((4, 2), np.float64)
 
     def f(v, x):
-        return jnp.sum(sparse.matmul(jsparse.BCOO((v, idx), shape=(3, 4)), x) ** 2)
+        return jnp.sum(ffi_matmul(jsparse.BCOO((v, idx), shape=(3, 4)), x) ** 2)
 
     def fd(v, x):
         d = jnp.zeros((3, 4)).at[rows[:4], cols[:4]].add(v[:4])
@@ -374,9 +371,7 @@ def _count_spmm_calls(jaxpr_text):
 @pytest.mark.parametrize("algorithm", [None, "split"])
 def test_vmap_folds_into_spmm(algorithm):
     a = _random_csr(50, 40, 0.1, np.float32, long_row=2)
-    pair = sparse.csr_pair(
-        _bcsr(a, np.float32), algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=4
-    )
+    pair = ffi_pair(_bcsr(a, np.float32), algorithm=algorithm, transpose_algorithm=algorithm, split_chunk=4)
     d = a.toarray().astype(np.float64)
     X = _rand((6, 40), np.float32)
     U = _rand((6, 50), np.float32, seed=4)
@@ -406,7 +401,7 @@ def test_vmap_over_matrices_falls_back():
     A = _bcsr(a, np.float32)
     vals = jnp.stack([A.data, 2 * A.data])
     x = _rand((8,), np.float32)
-    out = jax.vmap(lambda v: sparse.matmul(jsparse.BCSR((v, A.indices, A.indptr), shape=A.shape), x))(vals)
+    out = jax.vmap(lambda v: ffi_matmul(jsparse.BCSR((v, A.indices, A.indptr), shape=A.shape), x))(vals)
     d = a.toarray().astype(np.float64)
     assert _rel(out, np.stack([d @ _f64(x), 2 * d @ _f64(x)])) < 1e-5
 
@@ -419,7 +414,7 @@ def test_shard_map_spmm_over_columns():
     from jax.sharding import PartitionSpec as P
 
     a = _random_csr(64, 48, 0.1, np.float32)
-    pair = sparse.csr_pair(_bcsr(a, np.float32))
+    pair = ffi_pair(_bcsr(a, np.float32))
     mesh = Mesh(np.array(devices[:8]), ("x",))
     B = _rand((48, 32), np.float32)
     f = jax.shard_map(
@@ -434,27 +429,27 @@ def test_bad_inputs():
     a = _random_csr(6, 5, 0.5, np.float32)
     A = _bcsr(a, np.float32)
     with pytest.raises(ValueError, match="B has shape"):
-        sparse.matmul(A, jnp.ones((4,)))
+        ffi_matmul(A, jnp.ones((4,)))
     with pytest.raises(TypeError, match="dtype float64"):
-        sparse.matmul(A, np.ones((5,), np.float64))
+        ffi_matmul(A, np.ones((5,), np.float64))
     with pytest.raises(ValueError, match="x must be a vector"):
-        sparse.spmv(A, jnp.ones((5, 2)))
+        ffi_spmv(A, jnp.ones((5, 2)))
     with pytest.raises(ValueError, match="B must be a matrix"):
-        sparse.spmm(A, jnp.ones((5,)))
+        ffi_spmm(A, jnp.ones((5,)))
     with pytest.raises(ValueError, match="must be a vector"):
-        sparse.matmul(A, jnp.ones((5, 2, 2)))
+        ffi_matmul(A, jnp.ones((5, 2, 2)))
     with pytest.raises(TypeError, match="B must be an array"):
-        sparse.matmul(A, [1.0] * 5)
+        ffi_matmul(A, [1.0] * 5)
     with pytest.raises(ValueError, match="algorithm"):
-        sparse.matmul(A, jnp.ones((5,)), algorithm="magic")
+        ffi_matmul(A, jnp.ones((5,)), algorithm="magic")
     with pytest.raises(ValueError, match="implementation"):
         sparse.matmul(A, jnp.ones((5,)), implementation="cuda")
     batched = jsparse.BCOO.fromdense(jnp.ones((2, 3, 3)), n_batch=1)
     with pytest.raises(ValueError, match="n_batch"):
-        sparse.matmul(batched, jnp.ones((3,)))
+        ffi_matmul(batched, jnp.ones((3,)))
     with pytest.raises(TypeError, match="A.data must have dtype"):
-        sparse.matmul(jsparse.BCSR.fromdense(jnp.ones((3, 3), jnp.int32)), jnp.ones((3,), jnp.int32))
-    pair = sparse.csr_pair(A)
+        ffi_matmul(jsparse.BCSR.fromdense(jnp.ones((3, 3), jnp.int32)), jnp.ones((3,), jnp.int32))
+    pair = ffi_pair(A)
     with pytest.raises(ValueError, match="u has shape"):
         pair.rmatvec(jnp.ones((5,)))
     with pytest.raises(ValueError, match="y must have"):
@@ -464,7 +459,7 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="beta was given without y"):
         pair.matvec(jnp.ones((5,)), beta=2.0)
     with pytest.raises(TypeError, match="matmul needs one sparse operand"):
-        sparse.matmul(jnp.ones((2, 2)), jnp.ones((2, 2)))
+        ffi_matmul(jnp.ones((2, 2)), jnp.ones((2, 2)))
 
 
 def test_size_limit_message():
@@ -477,7 +472,7 @@ def test_spmm_of_few_long_rows_takes_split():
     # whatever the N = 1 plan, in every entry point: matmat/rmatmat with alpha/beta/y, and vmap of rmatvec (one
     # SpMM). Results against float64.
     a = _random_csr(3000, 24, 0.4, np.float32, seed=4)  # Aᵀ: 24 rows of ~1200 nnz
-    pair = sparse.csr_pair(_bcsr(a, np.float32))
+    pair = ffi_pair(_bcsr(a, np.float32))
     d = a.toarray().astype(np.float64)
     assert pair.plan_t.algorithm != "split"
     assert sparse.spmm_takes_split(pair.plan_t, 24, pair.nnz, 16, 4)
@@ -523,7 +518,7 @@ def test_spmm_of_bundle_adjustment_transpose():
     then point rows of ~5; the segmented plan for N = 1, the vector path for N > 1): vmap of rmatvec_axpby
     (LSMR's 16-RHS block call), rmatmat with alpha/beta/y, and its gradient, against float64."""
     a = _small_ba()
-    pair = sparse.csr_pair(_bcsr(a, np.float32))
+    pair = ffi_pair(_bcsr(a, np.float32))
     d = a.toarray().astype(np.float64)
     m, k = a.shape
     assert not sparse.spmm_takes_split(pair.plan_t, k, pair.nnz, 16, 4)  # rows average < 512
@@ -571,21 +566,21 @@ def test_segmented_ragged(dtype):
             d = _dense_of(A)
             m, k = a.shape
             x, u, y = _rand((k,), dtype), _rand((m,), dtype, seed=2), _rand((m,), dtype, seed=3)
-            pair = sparse.csr_pair(A, algorithm="segmented", transpose_algorithm="segmented", split_chunk=8)
+            pair = ffi_pair(A, algorithm="segmented", transpose_algorithm="segmented", split_chunk=8)
             assert pair.plan.algorithm == "segmented"
             out = jax.jit(lambda p, x, y: p.matvec(x, alpha=0.75, beta=-0.5, y=y))(pair, x, y)
             assert _rel(out, 0.75 * (d @ _f64(x)) - 0.5 * _f64(y)) < TOL[dtype]
             assert _rel(jax.jit(lambda p, u: p.rmatvec(u))(pair, u), d.T @ _f64(u)) < TOL[dtype]
             B = _rand((k, 5), dtype)
             assert _rel(jax.jit(lambda p, B: p.matmat(B))(pair, B), d @ _f64(B)) < TOL[dtype]
-            raw = sparse.matmul(A, x, algorithm="segmented", split_chunk=8)  # concrete indptr: same plan
+            raw = ffi_matmul(A, x, algorithm="segmented", split_chunk=8)  # concrete indptr: same plan
             assert _rel(raw, d @ _f64(x)) < TOL[dtype]
 
 
 def test_split1_removed():
     assert "split1" not in sparse.ALGORITHMS  # measured on the H200 and rejected (docs/sparse.md)
     with pytest.raises(ValueError, match="algorithm must be one of"):
-        sparse.matmul(_bcsr(_ragged_cases()[0], np.float32), jnp.ones((90,)), algorithm="split1")
+        ffi_matmul(_bcsr(_ragged_cases()[0], np.float32), jnp.ones((90,)), algorithm="split1")
 
 
 def test_segments_rule():
@@ -611,7 +606,7 @@ def test_segmented_traced_falls_back_to_vector():
     a = _ragged_cases()[3]
     A = _bcsr(a, np.float32)
     x = _rand((a.shape[1],), np.float32)
-    out = jax.jit(lambda A, x: sparse.matmul(A, x, algorithm="segmented"))(A, x)
+    out = jax.jit(lambda A, x: ffi_matmul(A, x, algorithm="segmented"))(A, x)
     assert _rel(out, _dense_of(A) @ _f64(x)) < 1e-5
 
 
@@ -697,7 +692,7 @@ def test_default_dispatch_segmented():
     """The auto rule through csr_pair: one 4096-row chunk of rows of 300 (G = 32, 83% of nnz) then 50000 rows of
     5 (G = 1) take the segmented plan; the small two-class case (one mixed 4096-row chunk) stays vector; a traced
     indptr takes the vector plan."""
-    small = sparse.csr_pair(_bcsr(_ragged_cases()[4], np.float32))
+    small = ffi_pair(_bcsr(_ragged_cases()[4], np.float32))
     assert small.plan.algorithm == "vector"
     rng = np.random.default_rng(5)
     lens = np.concatenate([np.full(4096, 300), np.full(50_000, 5)])
@@ -707,11 +702,11 @@ def test_default_dispatch_segmented():
         shape=(lens.size, 3000),
     )
     A = _bcsr(a, np.float32)
-    pair = sparse.csr_pair(A)
+    pair = ffi_pair(A)
     assert pair.plan.algorithm == "segmented" and pair.plan_t.algorithm != "segmented"
     x = _rand((a.shape[1],), np.float32)
     ref = a.astype(np.float64) @ _f64(x)
     f = jax.jit(lambda p, x: p.matvec(x))
     assert _rel(f(pair, x), ref) < 1e-5
     assert "algorithm = 4" in f.lower(pair, x).as_text()
-    assert _rel(jax.jit(lambda A, x: sparse.matmul(A, x))(A, x), ref) < 1e-5  # traced indptr: vector
+    assert _rel(jax.jit(lambda A, x: ffi_matmul(A, x))(A, x), ref) < 1e-5  # traced indptr: vector

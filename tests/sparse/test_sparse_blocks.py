@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from csr_helpers import bcsr as _bcsr
+from csr_helpers import ffi_matmul, ffi_pair
 from helpers import rel_err as _rel
 from jax.experimental import sparse as jsparse
 
@@ -86,7 +87,7 @@ def test_block_rows_detection_past_the_probe():
 
 def test_blocks_format(x64):
     a = _blocked(37, 90, 3, 1, empty_every=5)
-    pair = sparse.csr_pair(_bcsr(a, np.float64), blocks=True)
+    pair = ffi_pair(_bcsr(a, np.float64), blocks=True)
     bl = pair.blocks
     assert bl.plan.rows == 3 and bl.plan.block_rows == 37
     bptr, bcol, bval = np.asarray(bl.indptr), np.asarray(bl.indices), np.asarray(bl.values)
@@ -106,7 +107,7 @@ def test_blocks_format(x64):
 def test_products_against_reference(x64, dtype, r):
     a = _blocked(301, 257, r, 10 + r, empty_every=7)  # ragged block rows, every 7th empty
     a.data[::11] = 0.0  # explicit zeros stay stored
-    pair = sparse.csr_pair(_bcsr(a, dtype), blocks=True)
+    pair = ffi_pair(_bcsr(a, dtype), blocks=True)
     assert pair.blocks is not None and pair.blocks.plan.rows == r
     rng = np.random.default_rng(r)
     x = rng.standard_normal(257).astype(dtype)
@@ -122,11 +123,11 @@ def test_products_against_reference(x64, dtype, r):
 
 def test_transpose_blocks_and_auto_rule(x64):
     a = _bundle()
-    pair = sparse.csr_pair(_bcsr(a, np.float64))
+    pair = ffi_pair(_bcsr(a, np.float64))
     assert pair.blocks is None  # R = 2 (observation rows): CSR, as measured
     assert pair.blocks_t is not None and pair.blocks_t.plan.rows == 3
-    assert sparse.csr_pair(_bcsr(a, np.float64), blocks=False).blocks_t is None
-    forced = sparse.csr_pair(_bcsr(a, np.float64), blocks=True)
+    assert ffi_pair(_bcsr(a, np.float64), blocks=False).blocks_t is None
+    forced = ffi_pair(_bcsr(a, np.float64), blocks=True)
     assert forced.blocks.plan.rows == 2
     rng = np.random.default_rng(3)
     u = jnp.asarray(rng.standard_normal(a.shape[0]))
@@ -136,13 +137,13 @@ def test_transpose_blocks_and_auto_rule(x64):
     assert _runs_blocks(pair.rmatvec, u) and not _runs_blocks(pair.matvec, x)
     # .T swaps the forms; matmul(u, A) and LSMR's fused update use them too
     assert pair.T.blocks is pair.blocks_t and pair.T.blocks_t is None
-    np.testing.assert_allclose(sparse.matmul(u, pair), a.T @ np.asarray(u), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(ffi_matmul(u, pair), a.T @ np.asarray(u), rtol=1e-12, atol=1e-12)
     v = jnp.asarray(rng.standard_normal(a.shape[1]))
     np.testing.assert_allclose(
         pair.rmatvec_axpby(u, v, -0.7), a.T @ np.asarray(u) - 0.7 * np.asarray(v), rtol=1e-12, atol=1e-12
     )
     # a pair built under jit has no concrete arrays: no blocks, same results
-    traced = jax.jit(lambda m: sparse.csr_pair(m).rmatvec(u))(_bcsr(a, np.float64))
+    traced = jax.jit(lambda m: ffi_pair(m).rmatvec(u))(_bcsr(a, np.float64))
     np.testing.assert_allclose(traced, a.T @ np.asarray(u), rtol=1e-12, atol=1e-12)
 
 
@@ -155,7 +156,7 @@ def test_padding_duplicates_and_invalid_columns(x64):
     cols = np.concatenate([coo.col, [coo.col[0], coo.col[0]], [31, 31]])  # a duplicate pair; padding
     vals = np.concatenate([coo.data, [0.5, 0.5], [9.0, 9.0]])
     mat = jsparse.BCOO((jnp.asarray(vals), jnp.asarray(np.stack([rows, cols], 1), jnp.int32)), shape=a.shape)
-    pair = sparse.csr_pair(mat, blocks=True)
+    pair = ffi_pair(mat, blocks=True)
     ref = sp.csr_matrix((vals[:-2], (rows[:-2], cols[:-2])), shape=a.shape)
     x = np.random.default_rng(1).standard_normal(31)
     assert pair.blocks is not None
@@ -171,8 +172,8 @@ def test_padding_duplicates_and_invalid_columns(x64):
 
 def test_jit_grad_vmap_with_blocks(x64):
     a = _blocked(45, 23, 3, 4, empty_every=6)
-    pair = sparse.csr_pair(_bcsr(a, np.float64), blocks=True)
-    plain = sparse.csr_pair(_bcsr(a, np.float64), blocks=False)
+    pair = ffi_pair(_bcsr(a, np.float64), blocks=True)
+    plain = ffi_pair(_bcsr(a, np.float64), blocks=False)
     assert pair.blocks is not None and plain.blocks is None
     d = jnp.asarray(a.toarray())
     rng = np.random.default_rng(8)
@@ -218,13 +219,13 @@ def test_jit_grad_vmap_with_blocks(x64):
 
 def test_pair_options_and_errors():
     a = _blocked(20, 15, 2, 2)
-    pair = sparse.csr_pair(_bcsr(a, np.float32), blocks=True)
-    assert sparse.csr_pair(pair) is pair
+    pair = ffi_pair(_bcsr(a, np.float32), blocks=True)
+    assert ffi_pair(pair) is pair
     with pytest.raises(ValueError, match="blocks=False for a CSRPair built with blocks"):
-        sparse.csr_pair(pair, blocks=False)
+        ffi_pair(pair, blocks=False)
     # forcing a CSR algorithm on a pair keeps its blocks for N = 1
     x = jnp.asarray(np.random.default_rng(0).standard_normal(15), jnp.float32)
-    out = sparse.matmul(pair, x, algorithm="cta")
+    out = ffi_matmul(pair, x, algorithm="cta")
     assert _rel(out, a @ np.asarray(x, np.float64)) < 1e-5
 
 

@@ -107,24 +107,28 @@ def matmul(
     raise TypeError(f"matmul needs one sparse operand, got {type(A).__name__} and {type(B).__name__}")
 
 
+def _checked_matmul(A, v, name: str, ndim: int, what: str, other: str, **kw) -> jax.Array:
+    """matmul(A, v) after checking that v has rank `ndim` (spmv: 1, spmm: 2); the error names `other`."""
+    _checks.check_array(name, v)
+    if v.ndim != ndim:
+        raise ValueError(f"{name} must be {what}, got shape {tuple(v.shape)} (use {other})")
+    return matmul(A, v, **kw)
+
+
 def spmv(
     A, x, *, algorithm: str | None = None, split_chunk: int | None = None, implementation: str | None = None
 ) -> jax.Array:
     """``A @ x`` for x ``[K]`` (see :func:`matmul`)."""
-    _checks.check_array("x", x)
-    if x.ndim != 1:
-        raise ValueError(f"x must be a vector [K], got shape {tuple(x.shape)} (use spmm for matrices)")
-    return matmul(A, x, algorithm=algorithm, split_chunk=split_chunk, implementation=implementation)
+    kw = dict(algorithm=algorithm, split_chunk=split_chunk, implementation=implementation)
+    return _checked_matmul(A, x, "x", 1, "a vector [K]", "spmm for matrices", **kw)
 
 
 def spmm(
     A, B, *, algorithm: str | None = None, split_chunk: int | None = None, implementation: str | None = None
 ) -> jax.Array:
     """``A @ B`` for B ``[K, N]`` (see :func:`matmul`)."""
-    _checks.check_array("B", B)
-    if B.ndim != 2:
-        raise ValueError(f"B must be a matrix [K, N], got shape {tuple(B.shape)} (use spmv for vectors)")
-    return matmul(A, B, algorithm=algorithm, split_chunk=split_chunk, implementation=implementation)
+    kw = dict(algorithm=algorithm, split_chunk=split_chunk, implementation=implementation)
+    return _checked_matmul(A, B, "B", 2, "a matrix [K, N]", "spmv for vectors", **kw)
 
 
 def profile_of(A) -> RowProfile:

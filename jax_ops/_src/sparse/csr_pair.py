@@ -11,7 +11,6 @@ import numpy as np
 from jax_ops._src import dispatch
 from jax_ops._src.sparse.blocks import _BLOCKS_MIN_ROWS, Blocks, _build_blocks, block_rows_host
 from jax_ops._src.sparse.formats import (
-    _F32_F64,
     RowProfile,
     _acc_dtype,
     _as_csr,
@@ -20,6 +19,7 @@ from jax_ops._src.sparse.formats import (
     _is_concrete,
     _sanitize_indptr,
     _transpose_csr,
+    slab_dtypes,
 )
 from jax_ops._src.sparse.plan import Plan, plan_pair
 from jax_ops._src.sparse.reference import _xla_spmm
@@ -113,10 +113,11 @@ class CSRPair:
         )  # fmt: skip
         itemsize = np.dtype(values.dtype).itemsize
         slabs_forced = slabs is True  # an explicit slabs=True keeps Aᵀu on slabs unless blocks=True too
-        slab_ok = np.dtype(values.dtype) in _F32_F64
+        slab_ok = np.dtype(values.dtype) in slab_dtypes()
         if slabs and not slab_ok:
             raise ValueError(
-                f"slabs=True needs float32 or float64 values, got {np.dtype(values.dtype)} (half types use CSR(Aᵀ))"
+                f"slabs=True needs {' or '.join(d.name for d in slab_dtypes())} values, got {np.dtype(values.dtype)} "
+                "(half types use CSR(Aᵀ))"
             )
         if slabs is None:
             slabs = slab_ok and _slabs_fit_device() and slab_model(k, m, nnz, itemsize).use

@@ -14,8 +14,23 @@ from jax import lax
 from jax_ops import _checks
 from jax_ops._src.sparse.config import native
 
-_VALUE_DTYPES = tuple(np.dtype(d) for d in (np.float16, jnp.bfloat16, np.float32, np.float64))
-_F32_F64 = (np.dtype(np.float32), np.dtype(np.float64))  # the dtypes of the slab and cusparse paths
+
+@functools.cache
+def value_dtypes() -> tuple[np.dtype, ...]:
+    """Value dtypes of the CSR kernels (ffi_cuda/sparse/instantiations/support.h, from the generator's table)."""
+    return tuple(np.dtype(name) for name in native().spmm_dtypes)
+
+
+@functools.cache
+def slab_dtypes() -> tuple[np.dtype, ...]:
+    """Value dtypes of the column-slab kernels (support.h)."""
+    return tuple(np.dtype(name) for name in native().slab_spmv_dtypes)
+
+
+@functools.cache
+def cusparse_dtypes() -> tuple[np.dtype, ...]:
+    """Value dtypes of the cusparse plan (support.h)."""
+    return tuple(np.dtype(name) for name in native().cusparse_dtypes)
 
 
 def _int32_max() -> int:
@@ -66,9 +81,10 @@ def _check_sizes(m: int, k: int, nnz: int) -> None:
 
 
 def _check_value_dtype(name: str, dtype) -> None:
-    if np.dtype(dtype) not in _VALUE_DTYPES:
+    if np.dtype(dtype) not in value_dtypes():
+        names = [d.name for d in value_dtypes()]
         raise TypeError(
-            f"{name} must have dtype float16, bfloat16, float32 or float64, got {np.dtype(dtype)}"
+            f"{name} must have dtype {', '.join(names[:-1])} or {names[-1]}, got {np.dtype(dtype)}"
         )
 
 

@@ -12,7 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_ops._src.sparse.config import native
-from jax_ops._src.sparse.formats import _F32_F64, RowProfile, _int32_max, _is_concrete, _sanitize_indptr
+from jax_ops._src.sparse.formats import (
+    RowProfile,
+    _int32_max,
+    _is_concrete,
+    _sanitize_indptr,
+    cusparse_dtypes,
+)
 
 ALGORITHMS = ("vector", "warp", "cta", "split", "stream", "segmented", "cusparse")
 
@@ -223,7 +229,7 @@ def cusparse_applicable(indptr, indices, k: int, dtype) -> bool:
     rows: a padded BCOO or its transpose keeps split) and every column index in [0, K) (checked on the device).
     cuSPARSE reads every stored entry as part of a row, so an entry the kernels skip must not reach it."""
     if (
-        np.dtype(dtype) not in _F32_F64
+        np.dtype(dtype) not in cusparse_dtypes()
         or k <= 0
         or indices.shape[0] == 0
         or indptr.shape[0] < 2
