@@ -540,8 +540,8 @@ double TimeMs(F&& launch) {
 void BenchGqa() {
   using T = __nv_bfloat16;
   for (int J : {2, 4}) {
-    const int fit = J == 2 ? sm90::DkDvActiveClusters<T, 128, kSm90BwdDkDvStages, kSm90BwdDvEarly<128>, false, 2>()
-                           : sm90::DkDvActiveClusters<T, 128, kSm90BwdDkDvStages, kSm90BwdDvEarly<128>, false, 4>();
+    const int fit = J == 2 ? hopper::DkDvActiveClusters<T, 128, kSm90BwdDkDvStages, kSm90BwdDvEarly<128>, false, 2>()
+                           : hopper::DkDvActiveClusters<T, 128, kSm90BwdDkDvStages, kSm90BwdDvEarly<128>, false, 4>();
     std::printf("gqa: D=128 dK/dV clusters of %d resident at once: %d (%d of %d SMs)\n", J, fit, fit * J, NumSms());
   }
   for (int D : {128, 64})
