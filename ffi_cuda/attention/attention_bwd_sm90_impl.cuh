@@ -48,9 +48,17 @@
 #include "common/dtype_traits.h"
 
 namespace jax_ops::attention {
-namespace sm90 {
+namespace hopper {
 using jax_ops::sm80::FastExp2, jax_ops::sm80::Mma, jax_ops::sm80::SmemAddr;
-using namespace jax_ops::sm90;  // the Hopper primitives (arch/sm90)
+// The Hopper primitives used here (arch/sm90).
+using jax_ops::sm90::NamedBarrier, jax_ops::sm90::NamedBarrierArrive, jax_ops::sm90::ClusterArrive,
+    jax_ops::sm90::ClusterArriveRelaxed, jax_ops::sm90::ClusterWait, jax_ops::sm90::MapSharedRank,
+    jax_ops::sm90::StSharedClusterV4, jax_ops::sm90::LdSharedV4, jax_ops::sm90::MbarInit,
+    jax_ops::sm90::FenceBarrierInit, jax_ops::sm90::MbarArriveExpectTx, jax_ops::sm90::MbarArrive,
+    jax_ops::sm90::MbarWait, jax_ops::sm90::TmaLoad4d, jax_ops::sm90::PrefetchTensorMap, jax_ops::sm90::EncodeMap,
+    jax_ops::sm90::SmemDesc, jax_ops::sm90::WgmmaFence, jax_ops::sm90::WgmmaCommit, jax_ops::sm90::WgmmaWait,
+    jax_ops::sm90::FenceRegs, jax_ops::sm90::RegAlloc, jax_ops::sm90::RegDealloc, jax_ops::sm90::Wgmma,
+    jax_ops::sm90::WgmmaA;
 
 inline constexpr float kBwdLog2e = 1.4426950408889634f;
 
@@ -740,9 +748,9 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-}  // namespace sm90
+}  // namespace hopper
 
-namespace sm90 {
+namespace hopper {
 
 // A launch configuration with thread-block clusters of (kCluster, 1, 1); *attr backs cfg.attrs (keep it alive).
 template <int kCluster>
@@ -826,7 +834,7 @@ bool DkDvClustersFit() {
   return clusters > 0;
 }
 
-}  // namespace sm90
+}  // namespace hopper
 
 // kParts (timing experiments of ffi_cuda/tools/attention_bwd_bench.cu only; results are wrong unless 7): bit 0 the
 // delta kernel, bit 1 the dK/dV kernel, bit 2 the dQ kernel. kDkDvCluster: see DkDvSm90Kernel; refused (before
@@ -835,9 +843,9 @@ template <typename T, int kHeadDim, int kDkDvStages, bool kDvEarly, int kDqBlock
           bool kPingPong = false, int kParts = 7, int kDkDvCluster = 1>
 cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                           const BwdPointers& bp) {
-  using DkDv = sm90::DkDvTraits<kHeadDim, kDkDvStages>;
-  using Dq = sm90::DqTraits<kHeadDim, kDqBlockN, kDqStages>;
-  const auto dkdv_kernel = sm90::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>;
+  using DkDv = hopper::DkDvTraits<kHeadDim, kDkDvStages>;
+  using Dq = hopper::DqTraits<kHeadDim, kDqBlockN, kDqStages>;
+  const auto dkdv_kernel = hopper::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>;
   if (p.batch == 0 || p.num_heads == 0) return cudaSuccess;
   // Empty sequences (tensor maps need nonzero extents) and absurd loop counts go to the portable kernel.
   const int64_t q_tiles = (p.seqlen_q + DkDv::kBlockM - 1) / DkDv::kBlockM;
@@ -846,23 +854,25 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   cudaError_t attr_status = SetDynamicSmemOnce(reinterpret_cast<const void*>(dkdv_kernel), DkDv::kSmemBytes);
   if (attr_status == cudaSuccess)
     attr_status = SetDynamicSmemOnce(
-        reinterpret_cast<const void*>(&sm90::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>),
+        reinterpret_cast<const void*>(&hopper::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>),
         Dq::kSmemBytes);
   if (attr_status != cudaSuccess) return attr_status;
   // A build without sm_90a machine code would run the empty (non-sm90a) bodies: refuse instead of returning garbage.
   static const bool sm90_code = [] {
     cudaFuncAttributes a{}, c{};
-    return cudaFuncGetAttributes(
-               &a, sm90::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>) == cudaSuccess &&
+    return cudaFuncGetAttributes(&a,
+                                 hopper::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>) ==
+               cudaSuccess &&
            a.binaryVersion == 90 &&
-           cudaFuncGetAttributes(&c, sm90::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>) == cudaSuccess &&
+           cudaFuncGetAttributes(&c, hopper::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>) ==
+               cudaSuccess &&
            c.binaryVersion == 90;
   }();
   if (!sm90_code) return kSm90Refused;
   if constexpr (kDkDvCluster > 1) {
-    if (!sm90::DkDvClustersFit<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>()) return kSm90Refused;
+    if (!hopper::DkDvClustersFit<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>()) return kSm90Refused;
   }
-  sm90::BwdTensorMaps kv_maps, q_maps;  // for the dK/dV kernel (64-query boxes) and the dQ kernel (128-row boxes)
+  hopper::BwdTensorMaps kv_maps, q_maps;  // for the dK/dV kernel (64-query boxes) and the dQ kernel (128-row boxes)
   const int64_t B = p.batch, T_ = p.seqlen_q, S = p.seqlen_k, N = p.num_heads, K = p.num_kv_heads;
   if (!sm90::EncodeMap<T>(&kv_maps.q, ptr.q, B, T_, N, kHeadDim, DkDv::kBlockM) ||
       !sm90::EncodeMap<T>(&kv_maps.d_o, bp.d_o, B, T_, N, kHeadDim, DkDv::kBlockM) ||
@@ -876,21 +886,21 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   if (kParts & 1) {
     const int64_t threads = B * T_ * N * (kHeadDim / 8);
     const int64_t blocks = std::min<int64_t>((threads + 255) / 256, int64_t{1} << 20);
-    sm90::BwdDeltaKernel<T, kHeadDim><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, bp);
+    hopper::BwdDeltaKernel<T, kHeadDim><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p, bp);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   if (kParts & 2) {
     const dim3 grid(static_cast<unsigned>((S + DkDv::kBlockN - 1) / DkDv::kBlockN), static_cast<unsigned>(K),
                     static_cast<unsigned>(B));
-    const cudaError_t err = sm90::LaunchDkDv<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>(
+    const cudaError_t err = hopper::LaunchDkDv<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>(
         stream, grid, p, ptr, bp, kv_maps);
     if (err != cudaSuccess) return err;
   }
   if (kParts & 4) {
     const dim3 grid(static_cast<unsigned>((T_ + Dq::kBlockM - 1) / Dq::kBlockM), static_cast<unsigned>(N),
                     static_cast<unsigned>(B));
-    sm90::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>
+    hopper::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>
         <<<grid, Dq::kThreads, Dq::kSmemBytes, stream>>>(p, ptr, bp, q_maps);
   }
   return cudaGetLastError();

@@ -99,11 +99,10 @@ ffi::Error AttentionFwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                            bool is_causal, int64_t window_left, int64_t window_right, bool has_bias, bool has_mask,
                            bool has_q_seqlen, bool has_kv_seqlen, bool /*portable*/, int64_t /*fwd_persistent*/,
                            ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse) {
-  auto params = CheckAttentionArgs(q, k, v, bias, mask, q_seqlen, kv_seqlen, scale, is_causal, window_left,
-                                   window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen);
+  auto params = CheckFwdCall(q, k, v, bias, mask, q_seqlen, kv_seqlen, scale, is_causal, window_left, window_right,
+                             has_bias, has_mask, has_q_seqlen, has_kv_seqlen, *o, *lse);
   if (params.has_error()) return params.error();
   const AttentionParams& p = *params;
-  JAX_OPS_RETURN_IF_ERROR(CheckFwdOutputs(p, *o, *lse));
   const Inputs in(p, q, k, v, bias, mask, q_seqlen, kv_seqlen);
   const int64_t D = p.head_dim;
 
@@ -163,11 +162,10 @@ ffi::Error AttentionBwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                            bool /*portable*/, int64_t /*bwd_cluster*/, ffi::Result<ffi::AnyBuffer> dq,
                            ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                            ffi::Result<ffi::AnyBuffer> dbias) {
-  auto params = CheckAttentionArgs(q, k, v, bias, mask, q_seqlen, kv_seqlen, scale, is_causal, window_left,
-                                   window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen);
+  auto params = CheckBwdCall(q, k, v, bias, mask, q_seqlen, kv_seqlen, o, lse, d_o, scale, is_causal, window_left,
+                             window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen, *dq, *dk, *dv, *dbias);
   if (params.has_error()) return params.error();
   const AttentionParams& p = *params;
-  JAX_OPS_RETURN_IF_ERROR(CheckBwdBuffers(p, o, lse, d_o, *dq, *dk, *dv, *dbias));
   const Inputs in(p, q, k, v, bias, mask, q_seqlen, kv_seqlen);
   const std::vector<float> of = ToFloat(o), dof = ToFloat(d_o);
   const float* lse_in = static_cast<const float*>(lse.untyped_data());

@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "attention/attention_kernels.h"
 #include "attention/bindings.h"
@@ -33,14 +35,6 @@ FwdPointers InputPointers(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, cons
                      bias.element_type() == ffi::DataType::F32};
 }
 
-// Grid dims y/z carry heads and batches.
-ffi::Error CheckGridLimits(const AttentionParams& p) {
-  JAX_OPS_CHECK_ARG(
-      p.num_heads <= 65535 && p.batch <= 65535,
-      "the CUDA attention kernel supports up to 65535 heads and batches; got N=" << p.num_heads << " B=" << p.batch);
-  return ffi::Error::Success();
-}
-
 template <typename T>
 struct TypeTag {
   using type = T;
@@ -65,11 +59,38 @@ std::string DimsList(const int64_t (&dims)[N]) {
   return out;
 }
 
+// The CUDA handlers' checks beyond the contract: a head dim with a kernel (`supported`; `dims`, the instantiated
+// ones, for the message, which names the kernel `what`), and the grid limits (grid dims y/z carry heads, batches).
+template <size_t N>
+ffi::Error CheckKernelFits(const AttentionParams& p, bool supported, const int64_t (&dims)[N], const char* what) {
+  JAX_OPS_CHECK_ARG(
+      supported, "the CUDA attention " << what << " supports head dims " << DimsList(dims) << "; got " << p.head_dim);
+  JAX_OPS_CHECK_ARG(
+      p.num_heads <= 65535 && p.batch <= 65535,
+      "the CUDA attention kernel supports up to 65535 heads and batches; got N=" << p.num_heads << " B=" << p.batch);
+  return ffi::Error::Success();
+}
+
+// Calls launch(std::integral_constant<int, D>) for d == D, one of kDims (the X-macro lists of
+// instantiations/support.h); cudaErrorInvalidValue for any other d (the handlers check d first).
+template <int... kDims, typename Launch>
+cudaError_t WithHeadDim(std::integer_sequence<int, kDims...>, int64_t d, Launch&& launch) {
+  cudaError_t err = cudaErrorInvalidValue;
+  (void)((d == kDims && ((err = launch(std::integral_constant<int, kDims>{})), true)) || ...);
+  return err;
+}
+#define JAX_OPS_COMMA_DIM(D) , D
+using FwdHeadDims = std::integer_sequence<int JAX_OPS_ATTENTION_FWD_HEAD_DIMS(JAX_OPS_COMMA_DIM)>;
+using BwdHeadDims = std::integer_sequence<int JAX_OPS_ATTENTION_BWD_HEAD_DIMS(JAX_OPS_COMMA_DIM)>;
+using Sm90FwdHeadDims = std::integer_sequence<int JAX_OPS_ATTENTION_SM90_FWD_HEAD_DIMS(JAX_OPS_COMMA_DIM)>;
+using Sm90BwdHeadDims = std::integer_sequence<int JAX_OPS_ATTENTION_SM90_BWD_HEAD_DIMS(JAX_OPS_COMMA_DIM)>;
+#undef JAX_OPS_COMMA_DIM
+
 template <typename T, bool kPersistent>
 cudaError_t LaunchSm90Fwd(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr, int num_sms) {
-  return p.head_dim == 64
-             ? LaunchAttentionFwdSm90<T, 64, kSm90FwdStages, 0, 128, kPersistent>(stream, p, ptr, num_sms)
-             : LaunchAttentionFwdSm90<T, 128, kSm90FwdStages, 0, 128, kPersistent>(stream, p, ptr, num_sms);
+  return WithHeadDim(Sm90FwdHeadDims{}, p.head_dim, [&](auto d) {
+    return LaunchAttentionFwdSm90<T, decltype(d)::value, kSm90FwdStages, 0, 128, kPersistent>(stream, p, ptr, num_sms);
+  });
 }
 
 // The Hopper kernel where it applies (UseSm90Fwd), persistent or one CTA per block (FwdPersistent), else the
@@ -86,15 +107,8 @@ cudaError_t LaunchForHeadDim(cudaStream_t stream, const AttentionParams& p, cons
     if (err == kSm90Refused) err = LaunchSm90Fwd<T, false>(stream, p, ptr, 0);
     if (err != kSm90Refused) return err;
   }
-  switch (p.head_dim) {
-#define JAX_OPS_CASE(D) \
-  case D:               \
-    return LaunchAttentionFwd<T, D>(stream, p, ptr);
-    JAX_OPS_ATTENTION_FWD_HEAD_DIMS(JAX_OPS_CASE)
-#undef JAX_OPS_CASE
-    default:
-      return cudaErrorInvalidValue;  // unreachable: checked by the handler
-  }
+  return WithHeadDim(FwdHeadDims{}, p.head_dim,
+                     [&](auto d) { return LaunchAttentionFwd<T, decltype(d)::value>(stream, p, ptr); });
 }
 
 ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
@@ -102,15 +116,11 @@ ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
                             float scale, bool is_causal, int64_t window_left, int64_t window_right, bool has_bias,
                             bool has_mask, bool has_q_seqlen, bool has_kv_seqlen, bool portable, int64_t fwd_persistent,
                             ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::AnyBuffer> lse) {
-  auto params = CheckAttentionArgs(q, k, v, bias, mask, q_seqlen, kv_seqlen, scale, is_causal, window_left,
-                                   window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen);
+  auto params = CheckFwdCall(q, k, v, bias, mask, q_seqlen, kv_seqlen, scale, is_causal, window_left, window_right,
+                             has_bias, has_mask, has_q_seqlen, has_kv_seqlen, *o, *lse);
   if (params.has_error()) return params.error();
   const AttentionParams& p = *params;
-  JAX_OPS_RETURN_IF_ERROR(CheckFwdOutputs(p, *o, *lse));
-  const int64_t hd = p.head_dim;
-  JAX_OPS_CHECK_ARG(FwdHeadDimSupported(hd),
-                    "the CUDA attention kernel supports head dims " << DimsList(kFwdHeadDims) << "; got " << hd);
-  JAX_OPS_RETURN_IF_ERROR(CheckGridLimits(p));
+  JAX_OPS_RETURN_IF_ERROR(CheckKernelFits(p, FwdHeadDimSupported(p.head_dim), kFwdHeadDims, "kernel"));
   auto dev = CurrentDeviceProps();
   if (dev.has_error()) return dev.error();
   FwdPointers ptr = InputPointers(q, k, v, bias, mask, q_seqlen, kv_seqlen);
@@ -126,20 +136,13 @@ template <typename T>
 cudaError_t LaunchBwdForHeadDim(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                 const BwdPointers& bp, const DeviceProps& dev, bool portable, int bwd_cluster) {
   if (UseSm90Bwd(p, dev.cc_major, dev.cc_minor, portable)) {
-    const cudaError_t err = p.head_dim == 64
-                                ? LaunchAttentionBwdSm90<T, 64>(stream, p, ptr, bp, bwd_cluster, dev.sm_count)
-                                : LaunchAttentionBwdSm90<T, 128>(stream, p, ptr, bp, bwd_cluster, dev.sm_count);
+    const cudaError_t err = WithHeadDim(Sm90BwdHeadDims{}, p.head_dim, [&](auto d) {
+      return LaunchAttentionBwdSm90<T, decltype(d)::value>(stream, p, ptr, bp, bwd_cluster, dev.sm_count);
+    });
     if (err != kSm90Refused) return err;
   }
-  switch (p.head_dim) {
-#define JAX_OPS_CASE(D) \
-  case D:               \
-    return LaunchAttentionBwd<T, D>(stream, p, ptr, bp);
-    JAX_OPS_ATTENTION_BWD_HEAD_DIMS(JAX_OPS_CASE)
-#undef JAX_OPS_CASE
-    default:
-      return cudaErrorInvalidValue;  // unreachable: checked by the handler
-  }
+  return WithHeadDim(BwdHeadDims{}, p.head_dim,
+                     [&](auto d) { return LaunchAttentionBwd<T, decltype(d)::value>(stream, p, ptr, bp); });
 }
 
 // Backward: dq, dk, dv (no bias gradient: the handler refuses has_bias and jax_ops routes that case to the
@@ -151,18 +154,14 @@ ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
                             bool has_kv_seqlen, bool portable, int64_t bwd_cluster, ffi::Result<ffi::AnyBuffer> dq,
                             ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                             ffi::Result<ffi::AnyBuffer> dbias) {
-  auto params = CheckAttentionArgs(q, k, v, bias, mask, q_seqlen, kv_seqlen, scale, is_causal, window_left,
-                                   window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen);
+  auto params = CheckBwdCall(q, k, v, bias, mask, q_seqlen, kv_seqlen, o, lse, d_o, scale, is_causal, window_left,
+                             window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen, *dq, *dk, *dv, *dbias);
   if (params.has_error()) return params.error();
   const AttentionParams& p = *params;
-  JAX_OPS_RETURN_IF_ERROR(CheckBwdBuffers(p, o, lse, d_o, *dq, *dk, *dv, *dbias));
   JAX_OPS_CHECK_ARG(!has_bias,
                     "the CUDA attention backward has no bias gradient (jax_ops uses the reference "
                     "backward when a bias is given)");
-  const int64_t hd = p.head_dim;
-  JAX_OPS_CHECK_ARG(BwdHeadDimSupported(hd),
-                    "the CUDA attention backward supports head dims " << DimsList(kBwdHeadDims) << "; got " << hd);
-  JAX_OPS_RETURN_IF_ERROR(CheckGridLimits(p));
+  JAX_OPS_RETURN_IF_ERROR(CheckKernelFits(p, BwdHeadDimSupported(p.head_dim), kBwdHeadDims, "backward"));
   auto dev = CurrentDeviceProps();
   if (dev.has_error()) return dev.error();
   const FwdPointers ptr = InputPointers(q, k, v, bias, mask, q_seqlen, kv_seqlen);

@@ -37,9 +37,15 @@
 #include "common/cuda_helpers.h"
 
 namespace jax_ops::attention {
-namespace sm90 {
+namespace hopper {
 using jax_ops::sm80::FastExp2, jax_ops::sm80::Mma;
-using namespace jax_ops::sm90;  // the Hopper primitives (arch/sm90)
+// The Hopper primitives used here (arch/sm90).
+using jax_ops::sm90::NamedBarrier, jax_ops::sm90::NamedBarrierArrive, jax_ops::sm90::MbarInit,
+    jax_ops::sm90::FenceBarrierInit, jax_ops::sm90::MbarArriveExpectTx, jax_ops::sm90::MbarArrive,
+    jax_ops::sm90::MbarWait, jax_ops::sm90::FenceProxyAsyncSmem, jax_ops::sm90::TmaLoad4d,
+    jax_ops::sm90::PrefetchTensorMap, jax_ops::sm90::EncodeMap, jax_ops::sm90::SmemDesc, jax_ops::sm90::WgmmaFence,
+    jax_ops::sm90::WgmmaCommit, jax_ops::sm90::WgmmaWait, jax_ops::sm90::FenceRegs, jax_ops::sm90::RegAlloc,
+    jax_ops::sm90::RegDealloc, jax_ops::sm90::Wgmma, jax_ops::sm90::WgmmaA;
 
 template <int kHeadDim, int kStagesT = 2, int kBlockNT = 128>
 struct FwdTraits {
@@ -464,13 +470,13 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-}  // namespace sm90
+}  // namespace hopper
 
 template <typename T, int kHeadDim, int kStages, int kDiag, int kBlockN, bool kPersistent>
 cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                    int num_ctas) {
-  using Tr = sm90::FwdTraits<kHeadDim, kStages, kBlockN>;
-  const auto kernel = sm90::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag, kBlockN, kPersistent>;
+  using Tr = hopper::FwdTraits<kHeadDim, kStages, kBlockN>;
+  const auto kernel = hopper::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag, kBlockN, kPersistent>;
   if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
   const cudaError_t attr_status = SetDynamicSmemOnce(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
   if (attr_status != cudaSuccess) return attr_status;
@@ -480,14 +486,14 @@ cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p
     return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.binaryVersion : 0;
   }();
   if (binary_version != 90) return kSm90Refused;
-  sm90::TensorMaps maps;
+  hopper::TensorMaps maps;
   if (!sm90::EncodeMap<T>(&maps.q, ptr.q, p.batch, p.seqlen_q, p.num_heads, kHeadDim, Tr::kBlockM) ||
       !sm90::EncodeMap<T>(&maps.k, ptr.k, p.batch, p.seqlen_k, p.num_kv_heads, kHeadDim, Tr::kBlockN) ||
       !sm90::EncodeMap<T>(&maps.v, ptr.v, p.batch, p.seqlen_k, p.num_kv_heads, kHeadDim, Tr::kBlockN))
     return kSm90Refused;
   const int64_t m_blocks = (p.seqlen_q + Tr::kBlockM - 1) / Tr::kBlockM;
   dim3 grid(static_cast<unsigned>(m_blocks), static_cast<unsigned>(p.num_heads), static_cast<unsigned>(p.batch));
-  sm90::FwdSchedule sched{};
+  hopper::FwdSchedule sched{};
   if constexpr (kPersistent) {
     const int64_t hb = p.num_heads * p.batch, blocks = m_blocks * hb;
     if (blocks >= (int64_t{1} << 30)) return kSm90Refused;  // the schedule's 32-bit block index
@@ -498,8 +504,8 @@ cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p
     // One CTA per SM is what fits (shared memory, and 384 threads at __launch_bounds__(384, 1)).
     const int64_t ctas = num_ctas > 0 ? num_ctas : sms;
     grid = dim3(static_cast<unsigned>(std::min(blocks, std::max<int64_t>(ctas, 1))));
-    sched = sm90::FwdSchedule{static_cast<uint32_t>(blocks), static_cast<uint32_t>(m_blocks),
-                              static_cast<uint32_t>(p.num_heads), static_cast<uint32_t>(hb)};
+    sched = hopper::FwdSchedule{static_cast<uint32_t>(blocks), static_cast<uint32_t>(m_blocks),
+                                static_cast<uint32_t>(p.num_heads), static_cast<uint32_t>(hb)};
   }
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, ptr, maps, sched);
   return cudaGetLastError();

@@ -38,7 +38,7 @@ inline bool UseSm90Bwd(const AttentionParams& p, int cc_major, int cc_minor, boo
 }
 
 // ---------------------------------------------------------------------------------------- forward
-inline constexpr int kSm90FwdStages = 3;  // K/V pipeline depth: 3 beat 2 at D = 128
+inline constexpr int kSm90FwdStages = 3;  // K/V pipeline depth: 3 stages are faster than 2
 
 // Persistent Hopper forward when the grid is at most 8 waves of 128-row query blocks, except unmasked grids of at
 // most 2 waves: it gains from the last wave's tail (uneven causal blocks, idle SMs) and loses on long grids.
@@ -54,8 +54,8 @@ inline bool FwdPersistent(const AttentionParams& p, int num_sms, int64_t forced)
 }
 
 // ---------------------------------------------------------------------------------------- backward
-inline constexpr int kSm90BwdDkDvStages = 2;  // Q/dO pipeline depth of the dK/dV kernel: 3 was slower
-inline constexpr int kSm90BwdDqStages = 2;    // K/V pipeline depth of the dQ kernel: 3 was slower
+inline constexpr int kSm90BwdDkDvStages = 2;  // Q/dO pipeline depth of the dK/dV kernel: 3 stages are slower
+inline constexpr int kSm90BwdDqStages = 2;    // K/V pipeline depth of the dQ kernel: 3 stages are slower
 // Keys per K/V tile of the dQ kernel: 128 at D = 64 is faster; at D = 128 they would serialise the wgmmas.
 template <int kHeadDim>
 inline constexpr int kSm90BwdDqBlockN = kHeadDim == 64 ? 128 : 64;

@@ -52,6 +52,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/ffi_helpers.h"
@@ -298,6 +299,43 @@ inline ffi::Error CheckBwdBuffers(const AttentionParams& p, const ffi::AnyBuffer
   JAX_OPS_RETURN_IF_ERROR(CheckBuffer(dv, "dv", kd, p.dtype));
   if (p.has_bias) return CheckBuffer(dbias, "dbias", p.bias_dims, p.bias_dtype);
   return ffi::Error::Success();
+}
+
+namespace detail {
+// `params`, or its error, or the error of check(*params).
+template <typename Check>
+ffi::ErrorOr<AttentionParams> Then(ffi::ErrorOr<AttentionParams> params, Check&& check) {
+  if (params.has_error()) return params;
+  ffi::Error e = check(*params);
+  if (!e.success()) return ffi::Unexpected(std::move(e));
+  return params;
+}
+}  // namespace detail
+
+// Every handler's preamble (both platforms): the inputs and attributes (CheckAttentionArgs), then the forward
+// target's outputs o and lse.
+inline ffi::ErrorOr<AttentionParams> CheckFwdCall(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                                                  const ffi::AnyBuffer& v, const ffi::AnyBuffer& bias,
+                                                  const ffi::AnyBuffer& mask, const ffi::AnyBuffer& q_seqlen,
+                                                  const ffi::AnyBuffer& kv_seqlen, float scale, bool is_causal,
+                                                  int64_t window_left, int64_t window_right, bool has_bias,
+                                                  bool has_mask, bool has_q_seqlen, bool has_kv_seqlen,
+                                                  const ffi::AnyBuffer& o, const ffi::AnyBuffer& lse) {
+  return detail::Then(CheckAttentionArgs(q, k, v, bias, mask, q_seqlen, kv_seqlen, scale, is_causal, window_left,
+                                         window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen),
+                      [&](const AttentionParams& p) { return CheckFwdOutputs(p, o, lse); });
+}
+
+// The same for the backward target: then o, lse, do, dq, dk, dv and dbias (CheckBwdBuffers).
+inline ffi::ErrorOr<AttentionParams> CheckBwdCall(
+    const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, const ffi::AnyBuffer& bias,
+    const ffi::AnyBuffer& mask, const ffi::AnyBuffer& q_seqlen, const ffi::AnyBuffer& kv_seqlen,
+    const ffi::AnyBuffer& o, const ffi::AnyBuffer& lse, const ffi::AnyBuffer& d_o, float scale, bool is_causal,
+    int64_t window_left, int64_t window_right, bool has_bias, bool has_mask, bool has_q_seqlen, bool has_kv_seqlen,
+    const ffi::AnyBuffer& dq, const ffi::AnyBuffer& dk, const ffi::AnyBuffer& dv, const ffi::AnyBuffer& dbias) {
+  return detail::Then(CheckAttentionArgs(q, k, v, bias, mask, q_seqlen, kv_seqlen, scale, is_causal, window_left,
+                                         window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen),
+                      [&](const AttentionParams& p) { return CheckBwdBuffers(p, o, lse, d_o, dq, dk, dv, dbias); });
 }
 
 }  // namespace jax_ops::attention

@@ -52,7 +52,7 @@ __device__ __forceinline__ float QuadSum(float v) {
 
 }  // namespace
 
-namespace sm90 {
+namespace hopper {
 
 // Epilogue of a 64-row wgmma accumulator tile (m64nD fp32: thread (warp, lane) holds rows warp*16 + lane/4 and
 // +8, columns dt*8 + (lane&3)*2 and +1): scaled per row and rounded to T into shared memory in the 128-byte-swizzled
@@ -90,5 +90,5 @@ __device__ __forceinline__ void SmemRowsToGlobal(const unsigned char* rows, int 
   }
 }
 
-}  // namespace sm90
+}  // namespace hopper
 }  // namespace jax_ops::attention

@@ -1,12 +1,18 @@
-// One attention problem of the standalone tools (attention_fwd_bench, attention_bwd_bench) and its kernel
-// parameters: dense [B, T|S, heads, D] layouts, scale 1/sqrt(D).
+// What the standalone attention tools (attention_fwd_bench, attention_bwd_bench) share: one attention problem and
+// its kernel parameters (dense [B, T|S, heads, D] layouts, scale 1/sqrt(D)), a hang watchdog, dtype conversions
+// and a device-side random fill.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <type_traits>
 
 #include "attention/params.h"
@@ -45,4 +51,67 @@ jax_ops::attention::AttentionParams MakeParams(const Case& c) {
   p.has_kv_seqlen = c.kv_len >= 0;
   p.dtype = DTypeOf<T>();
   return p;
+}
+
+// A hung kernel (a barrier phase out of step) would hold the GPU: every step bumps this clock and a watchdog exits
+// when one takes longer than $<env_var> seconds (default 20; more under compute-sanitizer).
+inline std::atomic<int64_t> g_progress_ms{0};
+inline const char* g_step = nullptr;
+inline int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+inline void Progress(const char* step = nullptr) {
+  g_step = step;
+  g_progress_ms = NowMs();
+}
+inline void StartWatchdog(const char* env_var) {
+  Progress();
+  const char* env = std::getenv(env_var);
+  const int limit_s = env ? std::atoi(env) : 20;
+  std::thread([limit_s] {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      if (NowMs() - g_progress_ms.load() > 1000 * limit_s) {
+        const char* step = g_step;
+        if (step)
+          std::printf("WATCHDOG: no progress for %d s in step '%s' (hang?)\n", limit_s, step);
+        else
+          std::printf("WATCHDOG: no progress for %d s (hang?)\n", limit_s);
+        std::fflush(stdout);
+        std::_Exit(3);
+      }
+    }
+  }).detach();
+}
+
+template <typename T>
+__host__ __device__ T FromF(float x) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __float2half(x);
+  else
+    return __float2bfloat16(x);
+}
+template <typename T>
+float ToF(T x) {
+  if constexpr (std::is_same_v<T, __half>)
+    return __half2float(x);
+  else
+    return __bfloat162float(x);
+}
+
+// Pseudo-normal fill on the device (sum of 4 hashed uniforms, variance 1): timing inputs without a host copy.
+template <typename T>
+__global__ void FillNormal(T* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    float acc = 0.f;
+    for (uint32_t r = 0; r < 4; ++r) {
+      uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ (seed + r) * 2246822519u ^ static_cast<uint32_t>(i >> 32);
+      h ^= h >> 15;
+      h *= 2246822519u;
+      h ^= h >> 13;
+      acc += (h & 0xffffff) * (1.f / 16777216.f) - 0.5f;
+    }
+    x[i] = FromF<T>(acc * 1.7320508f);
+  }
 }

@@ -12,14 +12,11 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -31,55 +28,13 @@
 
 using namespace jax_ops::attention;
 
-// A hung kernel would burn the whole GPU session: every step bumps this clock and a watchdog exits when one
-// takes longer than 20 s (ABB_WATCHDOG_S).
-std::atomic<int64_t> g_progress_ms{0};
-const char* g_step = "start";
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-void Progress(const char* step) {
-  g_step = step;
-  g_progress_ms = NowMs();
-}
-void StartWatchdog() {
-  Progress("start");
-  const char* env = std::getenv("ABB_WATCHDOG_S");  // longer under compute-sanitizer
-  const int limit_s = env ? std::atoi(env) : 20;
-  std::thread([limit_s] {
-    for (;;) {
-      std::this_thread::sleep_for(std::chrono::seconds(1));
-      if (NowMs() - g_progress_ms.load() > 1000 * limit_s) {
-        std::printf("WATCHDOG: no progress for %d s in step '%s' (hang?)\n", limit_s, g_step);
-        std::fflush(stdout);
-        std::_Exit(3);
-      }
-    }
-  }).detach();
-}
-
 template <typename T>
 const char* DTypeName() {
   return std::is_same_v<T, __half> ? "f16" : "bf16";
 }
-template <typename T>
-__host__ __device__ T FromF(float x) {
-  if constexpr (std::is_same_v<T, __half>)
-    return __float2half(x);
-  else
-    return __float2bfloat16(x);
-}
-template <typename T>
-float ToF(T x) {
-  if constexpr (std::is_same_v<T, __half>)
-    return __half2float(x);
-  else
-    return __bfloat162float(x);
-}
 
 // Kernel under test: 0 = portable; 1.. = Hopper variants (kVariantNames). Parts (bit mask) only for timing.
-// 1: the default tiling at J = 1 (what the library runs for MHA, or with JAX_OPS_ATTENTION_BWD_CLUSTER=0).
+// 1: the default tiling at J = 1 (what the library runs for MHA, or with the bwd_cluster knob at 1).
 // 7-9: the GQA dK/dV cluster (kDkDvCluster): J = 2, J = 4 (refused unless J divides the group), and the library's
 // default (Sm90BwdDkDvCluster's rule on this device's SM count, J = 1 for MHA; the env var is not read here).
 constexpr int kVariants = 10;
@@ -319,22 +274,6 @@ HostCase<T> MakeHostCase(const Case& c, unsigned seed) {
   return h;
 }
 
-// Pseudo-normal fill on the device (sum of 4 hashed uniforms, variance 1): timing inputs without a host copy.
-template <typename T>
-__global__ void FillNormal(T* x, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
-    float acc = 0.f;
-    for (uint32_t r = 0; r < 4; ++r) {
-      uint32_t hh = static_cast<uint32_t>(i) * 2654435761u ^ (seed + r) * 2246822519u ^ static_cast<uint32_t>(i >> 32);
-      hh ^= hh >> 15;
-      hh *= 2246822519u;
-      hh ^= hh >> 13;
-      acc += (hh & 0xffffff) * (1.f / 16777216.f) - 0.5f;
-    }
-    x[i] = FromF<T>(acc * 1.7320508f);
-  }
-}
-
 // Random q, k, v, dO (seeds seed, seed+1, seed+2, seed+3).
 template <typename T>
 void FillInputs(const Buffers<T>& b, int seed) {
@@ -540,8 +479,8 @@ double TimeMs(F&& launch) {
 void BenchGqa() {
   using T = __nv_bfloat16;
   for (int J : {2, 4}) {
-    const int fit = J == 2 ? sm90::DkDvActiveClusters<T, 128, kSm90BwdDkDvStages, kSm90BwdDvEarly<128>, false, 2>()
-                           : sm90::DkDvActiveClusters<T, 128, kSm90BwdDkDvStages, kSm90BwdDvEarly<128>, false, 4>();
+    const int fit = J == 2 ? hopper::DkDvActiveClusters<T, 128, kSm90BwdDkDvStages, kSm90BwdDvEarly<128>, false, 2>()
+                           : hopper::DkDvActiveClusters<T, 128, kSm90BwdDkDvStages, kSm90BwdDvEarly<128>, false, 4>();
     std::printf("gqa: D=128 dK/dV clusters of %d resident at once: %d (%d of %d SMs)\n", J, fit, fit * J, NumSms());
   }
   for (int D : {128, 64})
@@ -619,7 +558,7 @@ void Bench() {
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines survive a timeout kill
-  StartWatchdog();
+  StartWatchdog("ABB_WATCHDOG_S");
   const char* mode = argc > 1 ? argv[1] : "all";
   bool all_ok = true;
   if (!std::strcmp(mode, "check") || !std::strcmp(mode, "all")) {

@@ -1,8 +1,8 @@
 """The attention family's knobs: overrides for tests and experiments, read at trace time.
 
-The environment variables keep their names from before the knobs existed; they are read here (once, at first
-use) and nowhere else: the CUDA handlers get ``portable``, ``fwd_persistent`` and ``bwd_cluster`` as FFI
-attributes. Override them for a block with ``jax_ops.attention.overrides(**kw)``.
+The environment variables set the process-wide defaults; they are read here (once, at first use) and nowhere
+else: the CUDA handlers get ``portable``, ``fwd_persistent`` and ``bwd_cluster`` as FFI attributes. Override
+them for a block with ``jax_ops.attention.overrides(**kw)``.
 """
 
 from __future__ import annotations
