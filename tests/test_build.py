@@ -100,11 +100,18 @@ def test_sources_cmake_lists_every_translation_unit():
 
 
 def test_every_family_sources_cmake_is_included():
-    """A family folder with a sources.cmake is in JAX_OPS_FAMILIES (else its list is never read)."""
+    """A family folder with a sources.cmake is in JAX_OPS_FAMILIES, and a nested one (e.g. a generated
+    instantiations/sources.cmake) is include()d by its family's list (else the list is never read)."""
     top = (ROOT / "CMakeLists.txt").read_text()
     families = re.search(r"set\(JAX_OPS_FAMILIES ([^)]*)\)", top).group(1).split()
-    with_lists = {p.parent.relative_to(FFI).as_posix() for p in FFI.rglob("sources.cmake")}
-    assert with_lists == set(families), (with_lists, families)
+    lists = [p.relative_to(FFI) for p in FFI.rglob("sources.cmake")]
+    assert {p.parent.as_posix() for p in lists if len(p.parts) == 2} == set(families), (lists, families)
+    for nested in (p for p in lists if len(p.parts) > 2):
+        family_list = (FFI / nested.parts[0] / "sources.cmake").read_text()
+        assert (
+            f'include("${{CMAKE_CURRENT_LIST_DIR}}/{nested.parent.relative_to(nested.parts[0]).as_posix()}/sources.cmake")'
+            in family_list
+        ), nested
     assert "GLOB" not in top
 
 
