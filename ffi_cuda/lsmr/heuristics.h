@@ -1,5 +1,6 @@
 // The lsmr family's launch rules, each with its reason; the measurements behind them are in docs/design/lsmr.md.
-// The CPU twin and Python (constants()["lsmr_..."]) size the partial-norm outputs from the same functions.
+// The CPU twin uses the same functions, and Python the same constants (constants()["lsmr_..."]), to size the
+// partial-norm outputs.
 #pragma once
 
 #include <cstdint>
