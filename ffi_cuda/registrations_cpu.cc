@@ -102,8 +102,8 @@ NB_MODULE(_jax_ops_cpu, m) {
     constants["lsmr_scalars"] = names(jax_ops::lsmr::kScalarNames);
     constants["lsmr_ints"] = names(jax_ops::lsmr::kIntNames);
     constants["lsmr_params"] = names(jax_ops::lsmr::kParamNames);
-    constants["lsmr_norm_threads"] = jax_ops::lsmr::kNormThreads;
-    constants["lsmr_norm_vector_bytes"] = jax_ops::lsmr::kNormVectorBytes;
+    constants["lsmr_norm_threads"] = jax_ops::lsmr::kThreads;
+    constants["lsmr_norm_vector_bytes"] = jax_ops::lsmr::kVectorBytes;
     constants["lsmr_partial_norms_unroll"] = jax_ops::lsmr::PartialNormsUpdate::kUnroll;
     constants["lsmr_columns_cta_elems"] = jax_ops::lsmr::kColumnsCtaElems;
 

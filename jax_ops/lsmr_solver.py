@@ -4,13 +4,8 @@ The implementation lives in ``jax_ops._src.lsmr``; this module re-exports the pu
 """
 
 from jax_ops._src.lsmr.api import lsmr
-from jax_ops._src.lsmr.config import (
-    COMMAND_BUFFER_OPTIONS,
-    GPU_UNROLL,
-    ITERATIONS,
-    LOOP_COMPILER_OPTIONS,
-    overrides,
-)
+from jax_ops._src.lsmr.config import COMMAND_BUFFER_OPTIONS, ITERATIONS, LOOP_COMPILER_OPTIONS, overrides
+from jax_ops._src.lsmr.heuristics import GPU_UNROLL
 from jax_ops._src.lsmr.types import ISTOP_MESSAGES, LSMRResult
 
 __all__ = [

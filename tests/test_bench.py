@@ -131,7 +131,7 @@ def test_plot_labels_tell_rows_apart():
 def test_plot_without_matplotlib_fails_loudly(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     with pytest.raises(SystemExit) as e:
-        main(["recurrence", "--quick", "--plot", str(tmp_path / "p.png")])
+        main(["lsmr_kernels", "--quick", "--plot", str(tmp_path / "p.png")])
     assert e.value.code != 0 and "jax_ops[plot]" in str(e.value.code)
     assert not (tmp_path / "p.png").exists()
 

@@ -2,17 +2,16 @@
 // an alignment (after a scalar head), a scalar tail, several independent vectors in flight per thread.
 #include <algorithm>
 
+#include "lsmr/heuristics.h"
 #include "lsmr/kernels.h"
 #include "lsmr/params.h"
 
 namespace jax_ops::lsmr {
 namespace {
 
-constexpr int kThreads = 256;
-
 template <typename T>
-struct alignas(16) Vec16 {
-  static constexpr int kLanes = 16 / sizeof(T);
+struct alignas(kVectorBytes) Vec {
+  static constexpr int kLanes = kVectorBytes / sizeof(T);
   T lane[kLanes];
 };
 
@@ -49,7 +48,7 @@ __device__ double BlockSumOfSquares(const T* partials, int64_t count) {
 // kUnroll: vectors per thread per step; the loads of all of them issue before any math.
 template <typename Update, int kUnroll, typename T, int NIn, int NOut, int NCoef>
 __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NOut, NCoef> args) {
-  using V = Vec16<T>;
+  using V = Vec<T>;
   constexpr int kLanes = V::kLanes;
   constexpr int kOutN = NOut > 0 ? NOut : 1;  // array extents (an update may have no outputs)
   constexpr int kCoefN = NCoef > 0 ? NCoef : 1;
@@ -72,7 +71,9 @@ __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NO
     }
 
     // Elements before the first 16-byte boundary; the vector path needs every pointer to agree on it.
-    auto misalign = [&](const void* p) { return static_cast<int>((reinterpret_cast<uintptr_t>(p) % 16) / sizeof(T)); };
+    auto misalign = [&](const void* p) {
+      return static_cast<int>((reinterpret_cast<uintptr_t>(p) % kVectorBytes) / sizeof(T));
+    };
     const int m0 = misalign(args.in[0] + base);
     bool aligned = (reinterpret_cast<uintptr_t>(args.in[0] + base) % sizeof(T)) == 0;
 #pragma unroll
@@ -151,16 +152,16 @@ __global__ void __launch_bounds__(kThreads) RowwiseKernel(RowwiseArgs<T, NIn, NO
 }
 
 // Grid: x covers a row with at most blocks_per_sm * sm_count blocks in all (0: no cap, one step per thread),
-// y walks the rows.
+// y walks the rows. The launches use kRowBlocksPerSm (heuristics.h); ffi_cuda/tools/lsmr_bench.cu sweeps the cap.
 template <typename Update, int kUnroll, typename T>
 cudaError_t LaunchRowwiseWith(cudaStream_t stream, const RowwiseArgs<T, Update::kIn, Update::kOut, Update::kCoef>& args,
                               int sm_count, int blocks_per_sm) {
   if (args.rows == 0) return cudaSuccess;
   // n = 0 still launches one CTA per row: it writes the row's partial norm (0) and, for kCoefFromState, its outputs.
-  constexpr int64_t kElemsPerBlockStep = int64_t{kThreads} * (16 / sizeof(T)) * kUnroll;
+  constexpr int64_t kElemsPerBlockStep = int64_t{kThreads} * (kVectorBytes / sizeof(T)) * kUnroll;
   const int64_t per_row_blocks = (args.n + kElemsPerBlockStep - 1) / kElemsPerBlockStep;
-  const int64_t grid_y = std::min<int64_t>(args.rows, 65535);
-  int64_t grid_x = std::min<int64_t>(per_row_blocks, int64_t{1} << 30);
+  const int64_t grid_y = std::min<int64_t>(args.rows, kMaxGridY);
+  int64_t grid_x = std::min<int64_t>(per_row_blocks, kMaxGridX);
   if (blocks_per_sm > 0) {
     const int64_t target_blocks = int64_t{sm_count} * blocks_per_sm;
     grid_x = std::min<int64_t>(grid_x, (target_blocks + grid_y - 1) / grid_y);
@@ -180,7 +181,6 @@ __global__ void __launch_bounds__(kThreads) ColumnsKernel(ColumnsArgs<T, NIn, NO
   constexpr int kOutN = NOut > 0 ? NOut : 1;
   constexpr int kCoefN = NCoef > 0 ? NCoef : 1;
   constexpr bool kNorms = Update::kNormOut >= 0 || Update::kNormIn >= 0;
-  constexpr int kRowUnroll = 4;  // rows per thread whose loads issue before any math
   __shared__ double column_squares[kThreads];
   const int64_t cols = args.cols;
   const int kc = static_cast<int>(cols < kThreads ? cols : kThreads);
@@ -200,10 +200,10 @@ __global__ void __launch_bounds__(kThreads) ColumnsKernel(ColumnsArgs<T, NIn, NO
       for (int j = 0; j < NCoef; ++j) c[j] = mine ? args.coef[state_row * NCoef + j] : T(0);
       double squares = 0;
       if (mine) {
-        for (int64_t r = r0 + lane_row; r < r1; r += int64_t{tpc} * kRowUnroll) {
-          T in[kRowUnroll][NIn];
+        for (int64_t r = r0 + lane_row; r < r1; r += int64_t{tpc} * kColumnsRowUnroll) {
+          T in[kColumnsRowUnroll][NIn];
 #pragma unroll
-          for (int u = 0; u < kRowUnroll; ++u) {
+          for (int u = 0; u < kColumnsRowUnroll; ++u) {
             const int64_t rr = r + int64_t{u} * tpc;
             if (rr < r1) {
 #pragma unroll
@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(kThreads) ColumnsKernel(ColumnsArgs<T, NIn, NO
             }
           }
 #pragma unroll
-          for (int u = 0; u < kRowUnroll; ++u) {
+          for (int u = 0; u < kColumnsRowUnroll; ++u) {
             const int64_t rr = r + int64_t{u} * tpc;
             if (rr >= r1) break;
             T out[kOutN];
@@ -258,27 +258,24 @@ cudaError_t LaunchColumns(cudaStream_t stream, ColumnsArgs<T, Update::kIn, Updat
   const int64_t state_rows = args.batch * args.cols;
   if (state_rows == 0) return cudaSuccess;
   if constexpr (Update::kCoefFromState) {
-    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(state_rows, 65535));
+    const unsigned grid = static_cast<unsigned>(std::min<int64_t>(state_rows, kMaxGridY));
     StateCoefficientsKernel<Update, T><<<grid, kThreads, 0, stream>>>(state, coef_ws, state_rows);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     args.coef = coef_ws;
   }
   const dim3 grid(static_cast<unsigned>(ColumnsPartials(args.rows, args.cols)),
-                  static_cast<unsigned>(std::min<int64_t>(args.batch, 65535)));
+                  static_cast<unsigned>(std::min<int64_t>(args.batch, kMaxGridY)));
   ColumnsKernel<Update><<<grid, kThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 
-namespace {}  // namespace
-
-// Tuned on the H200 with ffi_cuda/tools/lsmr_bench.cu: one 16-byte vector per thread and an uncapped grid
-// gave 1.01x the copy kernel's bandwidth at n = 1e8 (capped grid-stride variants: 0.89-0.97x). See
-// docs/notes/recurrence.md. PartialNormsUpdate takes 4 vectors per thread (fewer partials for its consumers).
+// Update::kUnroll vectors per thread, grid per kRowBlocksPerSm (heuristics.h).
 template <typename Update, typename T>
 cudaError_t LaunchRowwise(cudaStream_t stream, const RowwiseArgs<T, Update::kIn, Update::kOut, Update::kCoef>& args,
                           int sm_count) {
-  // No cap: the grid's x extent is NormPartials(n, sizeof(T), Update::kUnroll), the row length of `partials`.
-  return LaunchRowwiseWith<Update, Update::kUnroll>(stream, args, sm_count, /*blocks_per_sm=*/0);
+  // Uncapped, the grid's x extent is NormPartials(n, sizeof(T), Update::kUnroll), the row length of `partials`.
+  static_assert(kRowBlocksPerSm == 0, "a capped row grid would not match NormPartials, the partials' row length");
+  return LaunchRowwiseWith<Update, Update::kUnroll>(stream, args, sm_count, kRowBlocksPerSm);
 }
 
 // One CTA per row: the partials' sums of squares, then thread 0 runs the scalar recurrence.
@@ -294,7 +291,7 @@ __global__ void __launch_bounds__(kThreads) ScalarsKernel(ScalarsArgs<T> args) {
 template <typename T>
 cudaError_t LaunchScalars(cudaStream_t stream, const ScalarsArgs<T>& args) {
   if (args.rows == 0) return cudaSuccess;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(args.rows, 65535));
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(args.rows, kMaxGridY));
   ScalarsKernel<T><<<grid, kThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }

@@ -23,7 +23,7 @@ struct RowwiseArgs {
   ColumnState<T> state;  // Update::kCoefFromState: where the coefficients come from
 };
 
-// Column layout (params.h, ColumnsRowsPerCta): vectors [batch, rows, cols]; column c of batch b is state
+// Column layout (heuristics.h, ColumnsRowsPerCta): vectors [batch, rows, cols]; column c of batch b is state
 // row s = b * cols + c, its coefficients at coef[s * NCoef ...], its partial norms at partials[s * P ...] with
 // P = ColumnsPartials(rows, cols).
 template <typename T, int NIn, int NOut, int NCoef>

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/ffi_helpers.h"
+#include "lsmr/heuristics.h"
 #include "lsmr/scalar_recurrence.h"
 
 namespace jax_ops::lsmr {
@@ -77,32 +78,9 @@ ffi::ErrorOr<RowShape> CheckRecurrenceArgs(const ffi::AnyBuffer* const (&vectors
   return shape;
 }
 
-// Length of a row of an update's `partials` (Update::kNormOut / kNormIn): the CUDA kernel's CTAs per row
-// (kNormThreads threads, `unroll` kNormVectorBytes-byte vectors per thread; the launcher's grid is exactly this
-// wide). Python computes the same from the exported constants (jax_ops/_src/lsmr/kernels.py: norm_partials).
-inline constexpr int64_t kNormThreads = 256;
-inline constexpr int64_t kNormVectorBytes = 16;
-constexpr int64_t NormPartials(int64_t n, int64_t itemsize, int64_t unroll = 1) {
-  const int64_t elems_per_cta = kNormThreads * (kNormVectorBytes / itemsize) * unroll;
-  return n == 0 ? 1 : (n + elems_per_cta - 1) / elems_per_cta;
-}
-
+// NormPartials (heuristics.h) for a vector dtype: the row length of an update's `partials` in the row layout.
 inline int64_t NormPartialsFor(ffi::DataType dtype, int64_t n, int64_t unroll = 1) {
   return NormPartials(n, dtype == ffi::DataType::F64 ? 8 : 4, unroll);
-}
-
-// The column layout of a block solve (lsmr_solver with k > 1 right-hand sides): a vector block is [L, k], the k
-// columns interleaved (what the products' SpMM takes and gives, so no transposes). The elementwise kernels then run
-// on columns: each CTA takes ColumnsRowsPerCta(k) of the L rows for every column; partial norms are [k, P] with
-// P = ColumnsPartials(L, k) (one per CTA), coefficients per column. Python computes the same from the exported
-// kColumnsCtaElems (jax_ops/_src/lsmr/kernels.py: columns_partials).
-inline constexpr int64_t kColumnsCtaElems = 16384;  // elements (rows x columns) per CTA
-constexpr int64_t ColumnsRowsPerCta(int64_t k) {
-  return k >= kColumnsCtaElems ? 1 : kColumnsCtaElems / (k > 0 ? k : 1);
-}
-constexpr int64_t ColumnsPartials(int64_t rows, int64_t k) {
-  const int64_t per_cta = ColumnsRowsPerCta(k);
-  return rows == 0 ? 1 : (rows + per_cta - 1) / per_cta;
 }
 
 // partials must have the vectors' dtype and shape [leading dims..., count].
@@ -111,9 +89,12 @@ inline ffi::Error CheckPartials(const ffi::AnyBuffer& partials, const ffi::AnyBu
 }
 
 // The vectors of a fused-iteration kernel: the row layout [rows..., n] (one right-hand side per row) or the column
-// layout [batch..., n, cols] (a block solve's; ColumnsRowsPerCta; leading batch dims come from vmap over a batched
-// matrix). `lead` is the shape of the per-column state (beta, rows of sc/ints/params, partials' leading dims), `rows`
-// its size (batch * cols in the column layout).
+// layout [batch..., n, cols] (leading batch dims come from vmap over a batched matrix). The column layout is a block
+// solve's (k > 1 right-hand sides): a vector block is [L, k], the k columns interleaved, which is what the products'
+// SpMM takes and gives (no transposes); each CTA takes ColumnsRowsPerCta(k) of the L rows of every column
+// (heuristics.h), partial norms are [k, ColumnsPartials(L, k)] (one per CTA), coefficients per column. `lead` is the
+// shape of the per-column state (beta, rows of sc/ints/params, partials' leading dims), `rows` its size (batch * cols
+// in the column layout).
 struct BlockShape {
   bool columns = false;
   int64_t rows = 0;
@@ -296,7 +277,7 @@ struct PartialNormsUpdate : ElementwiseTraits {
   static constexpr int kOut = 0;
   static constexpr int kCoef = 0;
   static constexpr int kNormIn = 0;
-  static constexpr int kUnroll = 4;  // 4 vectors per thread: a quarter of the partials to sum afterwards
+  static constexpr int kUnroll = kPartialNormsUnroll;
   template <typename T>
   JAX_OPS_HD static void Apply(const T* c, const T* in, T* out) {}
 };

@@ -31,7 +31,6 @@ SUITES = {
 EXTRA_SUITES = {
     "lsmr_products": "jax_ops.bench.lsmr_products",
     "lsmr_variants": "jax_ops.bench.lsmr_variants",
-    "recurrence": "jax_ops.bench.lsmr_kernels",  # the old name of lsmr_kernels (.ci/run uses it)
 }
 
 

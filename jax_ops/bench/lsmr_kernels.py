@@ -1,4 +1,4 @@
-"""Suite ``lsmr_kernels`` (alias ``recurrence``): the fused LSMR update (hbar, x) against the same expression in jnp (XLA fuses it too).
+"""Suite ``lsmr_kernels``: the fused LSMR update (hbar, x) against the same expression in jnp (XLA fuses it too).
 
 Bytes counted: 5 vectors (read h, hbar, x; write hbar, x).
 """
@@ -19,7 +19,7 @@ def run(ctx) -> list[dict]:
         sizes = sizes[:-1]
     dtypes = [jnp.float32, jnp.float64] if jax.config.jax_enable_x64 else [jnp.float32]
     rows = []
-    progress = ctx.progress(len(sizes) * len(dtypes) * 2, "recurrence", rows)
+    progress = ctx.progress(len(sizes) * len(dtypes) * 2, "lsmr_kernels", rows)
     for dtype in dtypes:
         for n in sizes:
             keys = jax.random.split(jax.random.key(n), 3)

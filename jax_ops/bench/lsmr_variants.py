@@ -14,10 +14,10 @@ for every variant
       ``off`` (``xla_gpu_enable_command_buffer=""``),
       ``while`` (defaults + WHILE, CONDITIONAL, ``xla_gpu_graph_min_graph_size=1``: the whole loop one graph
       with a device-side condition)
-  * plus ``u4-default-nopack`` (scalars carried as separate arrays, the previous loop carry),
+  * plus ``u4-default-nopack`` (scalars carried as separate arrays instead of stacked),
     ``u4-default-dbuf`` (``xla_gpu_enable_while_loop_double_buffering``), ``u2-while-step`` (the shipped
-    unroll and graph settings with the previous iteration: XLA's norms and scalar recurrence around the step
-    kernel, lsmr_solver.ITERATIONS "step") and ``u2-while-unfused`` ("unfused": also the step's vector update as
+    unroll and graph settings with the "step" iteration: XLA's norms and scalar recurrence around the step
+    kernel, lsmr_solver.ITERATIONS) and ``u2-while-unfused`` ("unfused": also the step's vector update as
     XLA's v fusion, two kernels and XLA's ||x||). Every other row runs the shipped fused iteration ("kernels").
     A name may repeat in JAX_OPS_LSMR_VARIANTS (interleaved A/B runs).
 

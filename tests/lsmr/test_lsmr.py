@@ -62,13 +62,12 @@ def _ours(a, b, **kw):
 # ------------------------------------------------------------------------------- rounding-aware SciPy references
 
 # A stop test whose ratio (test / threshold) is within this factor of 1 at the stopping iteration or the one
-# before is rounding-borderline: past the loss of orthogonality the tests' inputs (normar, normA, ...) move by up
-# to ~3% under one-ulp perturbations of b (measured on test_vmap_block_solve's columns; another CPU's summation
-# order moved a 1%-margin stop by one iteration).
+# before is rounding-borderline: past the loss of orthogonality the tests' inputs (normar, normA, ...) move by a
+# few percent under one-ulp perturbations of b, and another BLAS's summation order moves a stop with a 1% margin by
+# one iteration (docs/design/lsmr.md, "Test bounds").
 BORDERLINE = 0.1
-# The estimates' bound as a multiple of SciPy's own spread under rounding-level changes of the problem (one set of
-# a few perturbations underestimates the spread another CPU's summation order reaches: 5.8% on an AMD EPYC against
-# a measured 2.5e-3 dense-vs-CSR for conda, while the one-ulp copies reach 1.2e-1 there).
+# The estimates' bound as a multiple of SciPy's own spread under rounding-level changes of the problem: one set of
+# a few perturbations underestimates the spread another CPU's summation order reaches (docs/design/lsmr.md).
 SPREAD_FACTOR = 4.0
 
 
@@ -216,9 +215,8 @@ def test_sensitive_within_scipy_self_variation(x64, name, kw, consistent):
     ref_dense = scipy_lsmr(a.toarray(), b, **kw)
     self_var = rel_err(ref_dense[0], ref[0])
     # A stop one iteration earlier or later (allowed below) moves x by what SciPy's own x moves over its last
-    # iteration: past the loss of orthogonality a 1-ulp change of one norm shifts the stop (measured on
-    # colscale2-consistent: the jnp path with ||u|| scaled by 1 + 2^-52 stops at 427 instead of 426, x 1.4e-5 from
-    # SciPy's, whose dense-vs-CSR variation there is 1.5e-7; SciPy's x at itn 425 is 5.5e-5 from its x at 426).
+    # iteration: past the loss of orthogonality a 1-ulp change of one norm shifts the stop by one iteration, which
+    # moves x far more than SciPy's dense-vs-CSR variation (docs/design/lsmr.md, "Test bounds").
     last_step_var = rel_err(scipy_lsmr(a, b, **{**kw, "maxiter": ref[2] - 1})[0], ref[0])
     out = _ours(a, b, **kw)
     assert int(out.istop) == ref[1]

@@ -87,7 +87,7 @@ def test_step_update_matches_reference_and_the_separate_steps(shape, dtype, x64)
     assert partials.shape == (*shape[:-1], lsmr_kernels.norm_partials(shape[-1], dtype))
     squares = np.sum(np.asarray(partials, np.float64) ** 2, axis=-1)  # ||x'||^2 from the partial norms
     np.testing.assert_allclose(squares, ref[4], rtol=10 * TOL[dtype], atol=1e-300)
-    # What the solver ran before: XLA's v update, then the two kernels. Bitwise the same.
+    # The "unfused" iteration: XLA's v update, then the two kernels. Bitwise the same.
     vb, v, h, hbar, x, s_v, keep_v, c_h, c_x, c_v = args
     v_xla = jax.jit(lambda: jnp.where(keep_v[..., None] != 0, v, vb * s_v[..., None]))()
     two_hbar, two_x = jax.jit(lsmr_kernels.hbar_x_update)(h, hbar, x, c_h, c_x)

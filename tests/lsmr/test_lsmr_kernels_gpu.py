@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import rel_err
 
 from jax_ops import lsmr_kernels
 
@@ -16,12 +17,6 @@ TOL = {np.float32: 2e-6, np.float64: 1e-14}
 
 def _gpu():
     return jax.devices("cuda")[0]
-
-
-def _rel(out, ref):
-    out = np.asarray(out, np.float64)
-    assert np.all(np.isfinite(out))
-    return np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300)
 
 
 def _run_both(fn, *args):
@@ -47,11 +42,11 @@ def test_small_hbar_x_cuda_matches_cpu_twin_and_reference(shape, dtype, x64):
     (g_hbar, g_x), (c_hbar, c_x_out) = _run_both(lsmr_kernels.hbar_x_update, h, hbar, x, c_h, c_x)
     ref_hbar = h.astype(np.float64) - c_h.astype(np.float64)[..., None] * hbar
     ref_x = x.astype(np.float64) + c_x.astype(np.float64)[..., None] * ref_hbar
-    assert _rel(g_hbar, ref_hbar) <= TOL[dtype]
-    assert _rel(g_x, ref_x) <= TOL[dtype]
+    assert rel_err(g_hbar, ref_hbar) <= TOL[dtype]
+    assert rel_err(g_x, ref_x) <= TOL[dtype]
     # CUDA vs the CPU twin: same formula; fma contraction may differ, so compare as a whole, not per element.
-    assert _rel(g_hbar, np.asarray(c_hbar, np.float64)) <= 2 * TOL[dtype]
-    assert _rel(g_x, np.asarray(c_x_out, np.float64)) <= 2 * TOL[dtype]
+    assert rel_err(g_hbar, np.asarray(c_hbar, np.float64)) <= 2 * TOL[dtype]
+    assert rel_err(g_x, np.asarray(c_x_out, np.float64)) <= 2 * TOL[dtype]
 
 
 @pytest.mark.parametrize("shape", SMALL_SHAPES)
@@ -61,8 +56,8 @@ def test_small_h_update_cuda(shape):
     c = np.asarray(rng.standard_normal(shape[:-1]) + 2.0, np.float32)
     g, c_out = _run_both(lsmr_kernels.h_update, v, h, c)
     ref = v.astype(np.float64) - c.astype(np.float64)[..., None] * h
-    assert _rel(g, ref) <= TOL[np.float32]
-    assert _rel(c_out, ref) <= TOL[np.float32]
+    assert rel_err(g, ref) <= TOL[np.float32]
+    assert rel_err(c_out, ref) <= TOL[np.float32]
 
 
 @pytest.mark.parametrize("shape", SMALL_SHAPES + [(2, 100_003)])
@@ -82,13 +77,13 @@ def test_small_step_update_cuda_matches_cpu_twin_and_reference(shape, dtype, x64
     ref_x = f64(x) + f64(c_x)[..., None] * ref_hbar
     ref_h = ref_v - f64(c_v)[..., None] * f64(h)
     for out_g, out_c, ref in zip(g[:4], c[:4], (ref_v, ref_h, ref_hbar, ref_x)):
-        assert _rel(out_g, ref) <= TOL[dtype]
-        assert _rel(out_g, f64(out_c)) <= 2 * TOL[dtype]
+        assert rel_err(out_g, ref) <= TOL[dtype]
+        assert rel_err(out_g, f64(out_c)) <= 2 * TOL[dtype]
     assert g[4].shape == c[4].shape == (*lead, lsmr_kernels.norm_partials(shape[-1], dtype))
     squares = np.sum(ref_x * ref_x, axis=-1)
     np.testing.assert_allclose(np.sum(f64(g[4]) ** 2, -1), squares, rtol=10 * TOL[dtype])  # partial norms
     np.testing.assert_allclose(np.sum(f64(c[4]) ** 2, -1), squares, rtol=10 * TOL[dtype])
-    # bitwise what the solver ran before on the GPU: XLA's v update, then the two kernels
+    # bitwise the "unfused" iteration on the GPU: XLA's v update, then the two kernels
     with jax.default_device(_gpu()):
         v_xla = jax.jit(lambda vb, v, s, k: jnp.where(k[..., None] != 0, v, vb * s[..., None]))(
             vb, v, s_v, keep_v
@@ -107,8 +102,8 @@ def test_small_in_place_with_donation_on_gpu():
     f = jax.jit(lambda h, hbar, x: lsmr_kernels.hbar_x_update(h, hbar, x, 0.5, 2.0), donate_argnums=(1, 2))
     hbar_new, x_new = f(h, hbar, x)
     assert hbar.is_deleted() and x.is_deleted()
-    assert _rel(hbar_new, ref_hbar) <= TOL[np.float32]
-    assert _rel(x_new, ref_x) <= TOL[np.float32]
+    assert rel_err(hbar_new, ref_hbar) <= TOL[np.float32]
+    assert rel_err(x_new, ref_x) <= TOL[np.float32]
 
 
 def test_small_vmap_and_while_loop_on_gpu():
@@ -129,8 +124,8 @@ def test_small_vmap_and_while_loop_on_gpu():
     for i in range(4):
         rh = np.asarray(h, np.float64) - 0.1 * i * rh
         rx = rx + (0.1 * i + 1.0) * rh
-    assert _rel(hb, rh) <= 1e-5
-    assert _rel(xx, rx) <= 1e-5
+    assert rel_err(hb, rh) <= 1e-5
+    assert rel_err(xx, rx) <= 1e-5
 
 
 @pytest.mark.parametrize("n", [10**8 + 3])
@@ -180,12 +175,12 @@ def test_small_fused_iteration_kernels_cuda_match_cpu_twin(shape, dtype, x64):
     g, c = _run_both(iteration, ub, vb, h, hbar, x, sc, ints, params, maxiter)
     f64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
     exact_beta = np.linalg.norm(f64(ub), axis=-1)
-    assert _rel(g[1], exact_beta) <= TOL[dtype] and _rel(c[1], exact_beta) <= TOL[dtype]
+    assert rel_err(g[1], exact_beta) <= TOL[dtype] and rel_err(c[1], exact_beta) <= TOL[dtype]
     np.testing.assert_array_equal(np.asarray(g[2]), -np.asarray(g[1]))  # vb_coef = -beta (beta > 0 here)
     tol = 4 * TOL[dtype]
     for i, name in enumerate(("u", "beta", "vb_coef", "v", "h", "hbar", "x")):
-        assert _rel(g[i], f64(c[i])) <= tol, name
-    assert _rel(g[0], f64(ub) / exact_beta[..., None]) <= TOL[dtype]
+        assert rel_err(g[i], f64(c[i])) <= tol, name
+    assert rel_err(g[0], f64(ub) / exact_beta[..., None]) <= TOL[dtype]
     np.testing.assert_allclose(
         np.linalg.norm(f64(g[7]), axis=-1), np.linalg.norm(f64(g[6]), axis=-1), rtol=tol
     )
@@ -222,9 +217,9 @@ def test_small_column_layout_cuda_matches_cpu_twin(shape, dtype, x64):
 
     g, c = _run_both(run, ub, vb, h, hbar, x, sc, ints, params)
     f64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
-    # float64 over 1M rows: the kernels' sums and NumPy's differ by ~1.2e-14 (measured), hence 4x TOL.
-    assert _rel(g[1], np.linalg.norm(f64(ub), axis=0)) <= 4 * TOL[dtype]
-    assert _rel(np.linalg.norm(f64(g[3]), axis=-1), np.linalg.norm(f64(vb), axis=0)) <= 4 * TOL[dtype]
-    assert _rel(g[0], f64(ub) / np.linalg.norm(f64(ub), axis=0)) <= 4 * TOL[dtype]
+    # float64 over 1M rows: the kernels' sums and NumPy's differ by ~1e-14 (summation order), hence 4x TOL.
+    assert rel_err(g[1], np.linalg.norm(f64(ub), axis=0)) <= 4 * TOL[dtype]
+    assert rel_err(np.linalg.norm(f64(g[3]), axis=-1), np.linalg.norm(f64(vb), axis=0)) <= 4 * TOL[dtype]
+    assert rel_err(g[0], f64(ub) / np.linalg.norm(f64(ub), axis=0)) <= 4 * TOL[dtype]
     for i, name in enumerate(("u", "beta", "vb_coef", "vb_parts", "v", "h", "hbar", "x", "x_parts")):
-        assert _rel(g[i], f64(c[i])) <= 4 * TOL[dtype], name
+        assert rel_err(g[i], f64(c[i])) <= 4 * TOL[dtype], name

@@ -14,7 +14,7 @@ Design (``docs/design/lsmr.md``):
   its own. A converged column is frozen (its scalars by ``jnp.where``, its ``x`` by zero coefficients of the
   fused update); the loop runs until every column is done.
 * Per iteration: ``u <- A v - alpha u`` and ``v <- A^T u - beta v`` (a fused matvec-with-beta when the operator
-  has one), then five launches of our kernels (``_step_kernels``): partial norms of u's update, u's
+  has one), then five launches of our kernels (``loop.step_kernels``): partial norms of u's update, u's
   normalisation, partial norms of v's update, one vector update (v's normalisation, h, hbar, x, partial norms
   of x; each CTA derives its coefficients from the scalar state), and one scalar kernel (the rotations, the
   estimates, the stopping tests) -- no XLA reductions or scalar fusions in the loop.
@@ -51,14 +51,11 @@ import numpy as np
 
 from jax_ops import _checks
 from jax_ops._src import dispatch
-from jax_ops._src.lsmr.config import GPU_UNROLL, ITERATIONS, KNOBS, LoopConfig
+from jax_ops._src.lsmr.config import ITERATIONS, KNOBS, LoopConfig
+from jax_ops._src.lsmr.heuristics import DEFAULT_ON_CPU, default_unroll
 from jax_ops._src.lsmr.operators import as_operator, check_float_dtype
 from jax_ops._src.lsmr.types import ColParams, LSMRResult
 from jax_ops._src.lsmr.vjp import block_solver
-
-# What implementation=None runs on the CPU: the XLA path (1.0-6.7x faster per iteration than the single-threaded
-# CPU twin on this package's CPU measurement; docs/lsmr.md).
-DEFAULT_ON_CPU = "xla"
 
 
 def _solve(spec, has_x0, loop, implementation, leaves, B, X0, cp):
@@ -197,7 +194,7 @@ def lsmr(
         if val is not None and not isinstance(val, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(val))):
             raise ValueError(f"{name} contains NaN or Inf")
     if unroll is None:
-        unroll = GPU_UNROLL if jax.default_backend() == "gpu" else 1
+        unroll = default_unroll(jax.default_backend())
     if int(unroll) < 1:
         raise ValueError(f"unroll must be >= 1, got {unroll}")
     cp = ColParams(damp_a, atol_a, btol_a, conlim_a, maxiter_a, jnp.zeros((1,), dtype))

@@ -37,7 +37,6 @@ COMMAND_BUFFER_OPTIONS = {
 # What a top-level GPU solve compiles with: the loop as one CUDA graph (faster per iteration than XLA's default;
 # docs/design/lsmr.md). A caller that jits a function around lsmr passes these to its own jit for the same loop.
 LOOP_COMPILER_OPTIONS = COMMAND_BUFFER_OPTIONS["while"]
-GPU_UNROLL = 2  # iterations per while-loop trip on a GPU (docs/design/lsmr.md)
 
 
 def _iteration(value: str) -> str:

@@ -86,8 +86,9 @@ def h_update(v, h, c_v, *, implementation: str | None = None) -> jax.Array:
 
 def norm_partials(n: int, dtype, unroll: int = 1) -> int:
     """Length of the last axis of a kernel's partial norms of rows of length ``n``: :func:`step_update`'s and
-    :func:`iteration_step`'s (``unroll`` 1), :func:`partial_norms`' (``unroll`` 4). The CUDA kernel's CTAs per row
-    (``NormPartials`` in ffi_cuda/lsmr/params.h, from its exported constants)."""
+    :func:`iteration_step`'s (``unroll`` 1), :func:`partial_norms`' (``unroll`` = the exported
+    ``partial_norms_unroll``). The CUDA kernel's CTAs per row (``NormPartials`` in ffi_cuda/lsmr/heuristics.h, from
+    its exported constants)."""
     c = native()
     per_cta = c["norm_threads"] * (c["norm_vector_bytes"] // np.dtype(dtype).itemsize) * unroll
     return 1 if n == 0 else -(-n // per_cta)
@@ -95,7 +96,8 @@ def norm_partials(n: int, dtype, unroll: int = 1) -> int:
 
 def columns_partials(n: int, k: int) -> int:
     """Partial norms per column of a column-layout block [n, k] (``columns=True`` below): one per CTA, each taking
-    ``16384 // k`` rows (``ColumnsPartials`` in ffi_cuda/lsmr/params.h, from its exported constants)."""
+    ``columns_cta_elems // k`` rows (``ColumnsPartials`` in ffi_cuda/lsmr/heuristics.h, from its exported
+    constants)."""
     budget = native()["columns_cta_elems"]
     per_cta = 1 if k >= budget else budget // max(k, 1)
     return 1 if n == 0 else -(-n // per_cta)

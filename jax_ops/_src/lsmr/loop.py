@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_ops._src.lsmr import kernels
+from jax_ops._src.lsmr.heuristics import use_columns
 from jax_ops._src.lsmr.kernels import scalar_order
 from jax_ops._src.lsmr.recurrence import init_state, pack, step, unpack
 from jax_ops._src.lsmr.types import LSMRResult
@@ -16,7 +17,9 @@ def solve_block(spec, has_x0, loop, implementation, leaves, B, X0, cp):
     """The block solve: B [k, m] (X0 [k, n]) -> LSMRResult with a leading k."""
     state, normb = init_state(spec, leaves, B, X0 if has_x0 else None, cp, implementation)
     if loop.iteration == "kernels" and implementation != "xla":
-        return solve_block_kernels(spec, leaves, cp, state, normb, loop.unroll, columns=B.shape[0] > 1)
+        return solve_block_kernels(
+            spec, leaves, cp, state, normb, loop.unroll, columns=use_columns(B.shape[0])
+        )
     pack_, unpack_ = (pack, unpack) if loop.pack_scalars else (lambda st: st, lambda st: st)
     iteration = "step" if loop.iteration == "kernels" else loop.iteration
 
