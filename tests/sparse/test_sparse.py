@@ -671,8 +671,8 @@ def _prof(avg, p95, mx, rows=1_000_000):
 def test_vector_group_rule_outcomes():
     """N = 1 vector G (docs/sparse.md dispatch table) on the profiles measured on the H200."""
     group = lambda prof, k, itemsize=4: splan._group_for("vector", prof, prof.rows, prof.nnz, k, itemsize)
-    assert group(_prof(21.1, 29, 47), 1_000_000) == 8  # power-law 1M Aᵀu (u 4 MB): 167.2 -> 150.0 µs
-    assert group(_prof(16.0, 23, 40, 2_000_000), 2_000_000) == 8  # uniform 2M Aᵀu: 272.8 -> 257.1 µs
+    assert group(_prof(21.1, 29, 47), 1_000_000) == 8  # power-law 1M Aᵀu (u 4 MB; docs/design/sparse.md)
+    assert group(_prof(16.0, 23, 40, 2_000_000), 2_000_000) == 8  # uniform 2M Aᵀu (docs/design/sparse.md)
     assert group(_prof(25.8, 108, 156), 2_000_000) == 4  # bundle 1M Aᵀu: p95 > 2 avg
     assert group(_prof(12.0, 12, 12, 2_000_000), 930_000) == 4  # bundle Ax: one row length (and < 16)
     assert group(_prof(16.0, 16, 16, 2_000_000), 2_000_000) == 4  # uniform Ax: exactly 16 per row
