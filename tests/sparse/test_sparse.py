@@ -578,7 +578,7 @@ def test_segmented_ragged(dtype):
 
 
 def test_split1_removed():
-    assert "split1" not in sparse.ALGORITHMS  # measured on the H200 and rejected (docs/sparse.md)
+    assert "split1" not in sparse.ALGORITHMS  # measured on the H200 and rejected (docs/design/sparse.md)
     with pytest.raises(ValueError, match="algorithm must be one of"):
         ffi_matmul(_bcsr(_ragged_cases()[0], np.float32), jnp.ones((90,)), algorithm="split1")
 
@@ -669,7 +669,7 @@ def _prof(avg, p95, mx, rows=1_000_000):
 
 
 def test_vector_group_rule_outcomes():
-    """N = 1 vector G (docs/sparse.md dispatch table) on the profiles measured on the H200."""
+    """N = 1 vector G (docs/design/sparse.md dispatch table) on the profiles measured on the H200."""
     group = lambda prof, k, itemsize=4: splan._group_for("vector", prof, prof.rows, prof.nnz, k, itemsize)
     assert group(_prof(21.1, 29, 47), 1_000_000) == 8  # power-law 1M Aᵀu (u 4 MB; docs/design/sparse.md)
     assert group(_prof(16.0, 23, 40, 2_000_000), 2_000_000) == 8  # uniform 2M Aᵀu (docs/design/sparse.md)
