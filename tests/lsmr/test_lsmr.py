@@ -30,6 +30,11 @@ import pytest
 scipy = pytest.importorskip("scipy")
 import scipy.sparse as sp  # noqa: E402
 from helpers import rel_err  # noqa: E402
+from lsmr_cases import BORDERLINE  # noqa: E402
+from lsmr_cases import gen as _gen  # noqa: E402
+from lsmr_cases import rhs as _rhs  # noqa: E402
+from lsmr_cases import scipy_at as _scipy_at  # noqa: E402
+from lsmr_cases import stop_ratios as _stop_ratios  # noqa: E402
 from scipy.sparse.linalg import lsmr as scipy_lsmr  # noqa: E402
 
 import jax_ops  # noqa: E402
@@ -39,21 +44,6 @@ from jax_ops import lsmr_solver  # noqa: E402
 lsmr = functools.partial(jax_ops.lsmr, implementation="ffi")
 
 
-def _gen(m, n, colscale=0.0, density=0.01, seed=1, dtype=np.float64):
-    """Random sparse matrix + 0.5*I, columns scaled by logspace(0, colscale) (larger colscale: more iterations)."""
-    rng = np.random.default_rng(seed)
-    a = sp.random(m, n, density=density, random_state=rng, format="csr") + sp.eye(m, n) * 0.5
-    a = sp.csr_matrix(a @ sp.diags(np.logspace(0, colscale, n)))
-    return a.astype(dtype)
-
-
-def _rhs(a, consistent, seed=2):
-    rng = np.random.default_rng(seed)
-    if consistent:
-        return np.asarray(a @ rng.standard_normal(a.shape[1]))
-    return rng.standard_normal(a.shape[0])
-
-
 def _ours(a, b, **kw):
     out = lsmr(a, jnp.asarray(b), **kw)
     return jax.tree_util.tree_map(np.asarray, out)
@@ -61,35 +51,9 @@ def _ours(a, b, **kw):
 
 # ------------------------------------------------------------------------------- rounding-aware SciPy references
 
-# A stop test whose ratio (test / threshold) is within this factor of 1 at the stopping iteration or the one
-# before is rounding-borderline: past the loss of orthogonality the tests' inputs (normar, normA, ...) move by a
-# few percent under one-ulp perturbations of b, and another BLAS's summation order moves a stop with a 1% margin by
-# one iteration (docs/design/lsmr.md, "Test bounds").
-BORDERLINE = 0.1
 # The estimates' bound as a multiple of SciPy's own spread under rounding-level changes of the problem: one set of
 # a few perturbations underestimates the spread another CPU's summation order reaches (docs/design/lsmr.md).
 SPREAD_FACTOR = 4.0
-
-
-def _stop_ratios(r, normb, kw):
-    """test / threshold for each of SciPy's stop tests 1..6 on a result tuple ``r`` (<= 1: the test fires)."""
-    _, _, _, normr, normar, norma, conda, normx = r[:8]
-    atol, btol, conlim = kw.get("atol", 1e-6), kw.get("btol", 1e-6), kw.get("conlim", 1e8)
-    eps_half = np.finfo(np.float64).eps / 2  # 1 + t <= 1 in round-to-nearest
-    with np.errstate(divide="ignore", invalid="ignore"):
-        test1 = normr / normb
-        test2 = normar / (norma * normr) if norma * normr else np.inf
-        test3 = 1 / conda
-        t1 = test1 / (1 + norma * normx / normb)
-        rtol = btol + atol * norma * normx / normb
-        ctol = 1 / conlim if conlim > 0 else 0.0
-        ratios = [test1 / rtol, test2 / atol, test3 / ctol, t1 / eps_half, test2 / eps_half, test3 / eps_half]
-    return {code: float(v) for code, v in zip(range(1, 7), ratios) if np.isfinite(v) or v == np.inf}
-
-
-def _scipy_at(a, b, kw, itn):
-    """SciPy's state after exactly ``itn`` iterations (the tolerances do not change the trajectory)."""
-    return scipy_lsmr(a, b, **{**kw, "atol": 0.0, "btol": 0.0, "conlim": 0.0, "maxiter": itn})
 
 
 def _allowed_stops(a, b, kw, ref):
