@@ -41,14 +41,8 @@
 
 using namespace jax_ops::sparse;
 
-#define CHECK_SP(x)                                                             \
-  do {                                                                          \
-    cusparseStatus_t s_ = (x);                                                  \
-    if (s_ != CUSPARSE_STATUS_SUCCESS) {                                        \
-      std::printf("cuSPARSE error %d at %s:%d\n", int(s_), __FILE__, __LINE__); \
-      std::exit(1);                                                             \
-    }                                                                           \
-  } while (0)
+inline std::string SpStatusText(cusparseStatus_t s) { return std::to_string(static_cast<int>(s)); }
+#define CHECK_SP(x) CHECK_STATUS(x, CUSPARSE_STATUS_SUCCESS, "cuSPARSE", SpStatusText)
 
 // ------------------------------------------------------------------------------------------------ matrices
 struct Csr {
