@@ -149,17 +149,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
         uint32_t ak[4], av[4];
         LdMatrixX4(ak, sK + Swz<kP>(warp * 16 + (lane & 15), ks * 2 + (lane >> 4)));
         LdMatrixX4(av, sV + Swz<kP>(warp * 16 + (lane & 15), ks * 2 + (lane >> 4)));
-#pragma unroll
-        for (int nt2 = 0; nt2 < kNT / 2; ++nt2) {
-          uint32_t bq[4], bd[4];
-          const int r = nt2 * 16 + (lane & 7) + ((lane >> 4) << 3), c = ks * 2 + ((lane >> 3) & 1);
-          LdMatrixX4(bq, sQ + Swz<kP>(r, c));
-          LdMatrixX4(bd, sDo + Swz<kP>(r, c));
-          Mma<T>::Run(st[2 * nt2], ak, bq[0], bq[1]);
-          Mma<T>::Run(st[2 * nt2 + 1], ak, bq[2], bq[3]);
-          Mma<T>::Run(dpt[2 * nt2], av, bd[0], bd[1]);
-          Mma<T>::Run(dpt[2 * nt2 + 1], av, bd[2], bd[3]);
-        }
+        MmaPairStep<kP>(st, dpt, ak, av, sQ, sDo, ks, lane);
       }
       // P^T and dS^T = P^T (dP^T - delta), masked per (query, key).
 #pragma unroll
@@ -279,19 +269,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[i][e] = dp[i][e] = 0.f;
 #pragma unroll
-    for (int ks = 0; ks < kKS; ++ks) {
-#pragma unroll
-      for (int nt2 = 0; nt2 < kNT / 2; ++nt2) {
-        uint32_t bk[4], bv[4];
-        const int r = nt2 * 16 + (lane & 7) + ((lane >> 4) << 3), c = ks * 2 + ((lane >> 3) & 1);
-        LdMatrixX4(bk, sK + Swz<kP>(r, c));
-        LdMatrixX4(bv, sV + Swz<kP>(r, c));
-        Mma<T>::Run(s[2 * nt2], q_frag[ks], bk[0], bk[1]);
-        Mma<T>::Run(s[2 * nt2 + 1], q_frag[ks], bk[2], bk[3]);
-        Mma<T>::Run(dp[2 * nt2], do_frag[ks], bv[0], bv[1]);
-        Mma<T>::Run(dp[2 * nt2 + 1], do_frag[ks], bv[2], bv[3]);
-      }
-    }
+    for (int ks = 0; ks < kKS; ++ks) MmaPairStep<kP>(s, dp, q_frag[ks], do_frag[ks], sK, sV, ks, lane);
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -305,18 +283,7 @@ __global__ void __launch_bounds__(BwdTraits<kHeadDim>::kThreads, 1)
       }
     }
     // dQ += dS K: B(k = key, n = d) = K[key][d], transposed ldmatrix of the row-major tile.
-#pragma unroll
-    for (int ks = 0; ks < kB / 16; ++ks) {
-      uint32_t a[4];
-      PackAFrag<T>(a, dp[2 * ks], dp[2 * ks + 1]);
-#pragma unroll
-      for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
-        uint32_t bk[4];
-        LdMatrixX4Trans(bk, sK + Swz<kP>(ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dt2 * 2 + (lane >> 4)));
-        Mma<T>::Run(acc_dq[2 * dt2], a, bk[0], bk[1]);
-        Mma<T>::Run(acc_dq[2 * dt2 + 1], a, bk[2], bk[3]);
-      }
-    }
+    MmaAccTile<kP>(acc_dq, dp, sK, lane);
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {

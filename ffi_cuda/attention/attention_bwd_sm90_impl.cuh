@@ -49,7 +49,7 @@
 
 namespace jax_ops::attention {
 namespace hopper {
-using jax_ops::sm80::FastExp2, jax_ops::sm80::Mma, jax_ops::sm80::SmemAddr;
+using jax_ops::sm80::FastExp2, jax_ops::sm80::Mma, jax_ops::sm80::PackAFrags, jax_ops::sm80::SmemAddr;
 // The Hopper primitives used here (arch/sm90).
 using jax_ops::sm90::NamedBarrier, jax_ops::sm90::NamedBarrierArrive, jax_ops::sm90::ClusterArrive,
     jax_ops::sm90::ClusterArriveRelaxed, jax_ops::sm90::ClusterWait, jax_ops::sm90::MapSharedRank,
@@ -375,15 +375,6 @@ __global__ void __launch_bounds__(384, 1)
       Wgmma<T, kHeadDim, WgmmaA::kRegs>::Run(acc, a[ks], SmemDesc(tile + ks * 2048, Tr::kQPanelBytes, 1024), 1);
     WgmmaCommit();
   };
-  auto pack = [&](uint32_t (&a)[kBM / 16][4], const float (&x)[kBM / 2]) {
-#pragma unroll
-    for (int ks = 0; ks < kBM / 16; ++ks) {
-      a[ks][0] = Mma<T>::Pack(x[ks * 8 + 0], x[ks * 8 + 1]);
-      a[ks][1] = Mma<T>::Pack(x[ks * 8 + 2], x[ks * 8 + 3]);
-      a[ks][2] = Mma<T>::Pack(x[ks * 8 + 4], x[ks * 8 + 5]);
-      a[ks][3] = Mma<T>::Pack(x[ks * 8 + 6], x[ks * 8 + 7]);
-    }
-  };
   // P^T in place of S^T. Element (key row i, query column c): c = nt * 8 + (lane & 3) * 2 + (e & 1).
   // masked (std::true_type): a boundary tile; query c is allowed for key i when lo[i] <= c < hi[i].
   auto probs = [&](int stage, int t0, auto masked) {
@@ -450,7 +441,7 @@ __global__ void __launch_bounds__(384, 1)
         probs(stage, t0, std::true_type{});
       }
       if constexpr (kDvEarly) {
-        pack(pa, st);
+        PackAFrags<T>(pa, st);
         issue_rs(acc_dv, pa, sDo + stage * Tr::kQBytes);
         WgmmaWait<1>();  // dP^T(j) done; dV(j) may still run
         FenceRegs(dpt);
@@ -459,7 +450,7 @@ __global__ void __launch_bounds__(384, 1)
         WgmmaWait<0>();  // dP^T(j) done
         FenceRegs(dpt);
         dscores_packed(stage);
-        pack(pa, st);
+        PackAFrags<T>(pa, st);
         issue_rs(acc_dv, pa, sDo + stage * Tr::kQBytes);
       }
       issue_rs(acc_dk, pds, sQ + stage * Tr::kQBytes);
@@ -724,13 +715,7 @@ __global__ void __launch_bounds__(384, 1)
       FenceRegs(dp);
 #pragma unroll
       for (int i = 0; i < kBN / 2; ++i) dp[i] = s[i] * (dp[i] - delta[(i >> 1) & 1]);
-#pragma unroll
-      for (int ks = 0; ks < kBN / 16; ++ks) {
-        pds[ks][0] = Mma<T>::Pack(dp[ks * 8 + 0], dp[ks * 8 + 1]);
-        pds[ks][1] = Mma<T>::Pack(dp[ks * 8 + 2], dp[ks * 8 + 3]);
-        pds[ks][2] = Mma<T>::Pack(dp[ks * 8 + 4], dp[ks * 8 + 5]);
-        pds[ks][3] = Mma<T>::Pack(dp[ks * 8 + 6], dp[ks * 8 + 7]);
-      }
+      PackAFrags<T>(pds, dp);
       issue_dq(j);
     }
     WgmmaWait<0>();

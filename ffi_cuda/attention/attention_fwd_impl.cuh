@@ -24,7 +24,7 @@
 
 namespace jax_ops::attention {
 namespace {
-using sm80::CpAsyncCommit, sm80::CpAsyncWait, sm80::LdMatrixX4, sm80::LdMatrixX4Trans, sm80::Mma, sm80::PackAFrag;
+using sm80::CpAsyncCommit, sm80::CpAsyncWait, sm80::LdMatrixX4, sm80::Mma;
 
 template <int kHeadDim>
 struct FwdTraits {
@@ -200,18 +200,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 2)
       }
 
       // O += P V: P's accumulator layout is the A-operand layout of the next mma (two n-tiles per k-step).
-#pragma unroll
-      for (int ks = 0; ks < kBN / 16; ++ks) {
-        uint32_t a[4];
-        PackAFrag<T>(a, s[2 * ks], s[2 * ks + 1]);
-#pragma unroll
-        for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
-          uint32_t bv[4];
-          LdMatrixX4Trans(bv, sV + Swz<kP>(ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dt2 * 2 + (lane >> 4)));
-          Mma<T>::Run(acc_o[2 * dt2], a, bv[0], bv[1]);
-          Mma<T>::Run(acc_o[2 * dt2 + 1], a, bv[2], bv[3]);
-        }
-      }
+      MmaAccTile<kP>(acc_o, s, sV, lane);
     }
   }
 

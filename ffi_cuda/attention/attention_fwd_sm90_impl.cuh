@@ -38,7 +38,7 @@
 
 namespace jax_ops::attention {
 namespace hopper {
-using jax_ops::sm80::FastExp2, jax_ops::sm80::Mma;
+using jax_ops::sm80::FastExp2, jax_ops::sm80::Mma, jax_ops::sm80::PackAFrags;
 // The Hopper primitives used here (arch/sm90).
 using jax_ops::sm90::NamedBarrier, jax_ops::sm90::NamedBarrierArrive, jax_ops::sm90::MbarInit,
     jax_ops::sm90::FenceBarrierInit, jax_ops::sm90::MbarArriveExpectTx, jax_ops::sm90::MbarArrive,
@@ -360,13 +360,7 @@ __global__ void __launch_bounds__(384, 1)
         acc_o[dt * 4 + 2] *= corr[1];
         acc_o[dt * 4 + 3] *= corr[1];
       }
-#pragma unroll
-      for (int ks = 0; ks < kBN / 16; ++ks) {
-        pa[ks][0] = Mma<T>::Pack(s[ks * 8 + 0], s[ks * 8 + 1]);
-        pa[ks][1] = Mma<T>::Pack(s[ks * 8 + 2], s[ks * 8 + 3]);
-        pa[ks][2] = Mma<T>::Pack(s[ks * 8 + 4], s[ks * 8 + 5]);
-        pa[ks][3] = Mma<T>::Pack(s[ks * 8 + 6], s[ks * 8 + 7]);
-      }
+      PackAFrags<T>(pa, s);
     };
 
     // Schedule (FlashAttention-3 style): the two consumer warpgroups take turns issuing their GEMMs (named

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "arch/sm80/cp_async.cuh"
+#include "arch/sm80/ldmatrix.cuh"
 #include "arch/sm80/mma.cuh"
 #include "attention/attention_kernels.h"
 
@@ -38,6 +39,46 @@ __device__ __forceinline__ void LoadTile(T* smem, const T* g, int64_t stride, in
     const int r = i / Tr::kChunks, c = i - r * Tr::kChunks;
     const bool ok = r < valid;
     sm80::CpAsync16(smem + Swz<Tr::kPitch>(r, c), ok ? g + r * stride + c * 8 : g, ok);
+  }
+}
+
+// A warp's acc (16 rows x kDT n8 tiles, fp32) += X Y: X a 16 x (8 * kNT) fp32 mma accumulator (kNT n8 tiles),
+// packed to T in place as the A operands of kNT / 2 k16 steps; Y the first 8 * kNT rows (k) of a row-major
+// swizzled tile, read as transposed B operands. P V in the forward pass, dS K for dQ in the backward one.
+template <int kPitch, typename T, int kNT, int kDT>
+__device__ __forceinline__ void MmaAccTile(float (&acc)[kDT][4], const float (&x)[kNT][4], const T* tile, int lane) {
+#pragma unroll
+  for (int ks = 0; ks < kNT / 2; ++ks) {
+    uint32_t a[4];
+    sm80::PackAFrag<T>(a, x[2 * ks], x[2 * ks + 1]);
+#pragma unroll
+    for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
+      uint32_t b[4];
+      sm80::LdMatrixX4Trans(b,
+                            tile + Swz<kPitch>(ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dt2 * 2 + (lane >> 4)));
+      sm80::Mma<T>::Run(acc[2 * dt2], a, b[0], b[1]);
+      sm80::Mma<T>::Run(acc[2 * dt2 + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// One k16 step (16-byte chunks 2 * ks, 2 * ks + 1) of two warp GEMMs over the same rows of two tiles: x += ax X^T
+// and y += ay Y^T, X / Y the first 8 * kNT rows (n) of two row-major swizzled tiles, read as B operands.
+// S^T = K Q^T with dP^T = V dO^T for dK / dV, S = Q K^T with dP = dO V^T for dQ.
+template <int kPitch, typename T, int kNT>
+__device__ __forceinline__ void MmaPairStep(float (&x)[kNT][4], float (&y)[kNT][4], const uint32_t (&ax)[4],
+                                            const uint32_t (&ay)[4], const T* x_tile, const T* y_tile, int ks,
+                                            int lane) {
+#pragma unroll
+  for (int nt2 = 0; nt2 < kNT / 2; ++nt2) {
+    uint32_t bx[4], by[4];
+    const int r = nt2 * 16 + (lane & 7) + ((lane >> 4) << 3), c = ks * 2 + ((lane >> 3) & 1);
+    sm80::LdMatrixX4(bx, x_tile + Swz<kPitch>(r, c));
+    sm80::LdMatrixX4(by, y_tile + Swz<kPitch>(r, c));
+    sm80::Mma<T>::Run(x[2 * nt2], ax, bx[0], bx[1]);
+    sm80::Mma<T>::Run(x[2 * nt2 + 1], ax, bx[2], bx[3]);
+    sm80::Mma<T>::Run(y[2 * nt2], ay, by[0], by[1]);
+    sm80::Mma<T>::Run(y[2 * nt2 + 1], ay, by[2], by[3]);
   }
 }
 

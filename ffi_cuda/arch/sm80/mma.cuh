@@ -50,4 +50,18 @@ __device__ __forceinline__ void PackAFrag(uint32_t (&a)[4], const float (&lo)[4]
   a[3] = Mma<T>::Pack(hi[2], hi[3]);
 }
 
+// The A operands of kSteps k16 steps from a flat fp32 accumulator of 2 * kSteps adjacent n8 tiles, 4 floats a
+// tile (a thread's part of consecutive m16n8 mma accumulators, and of a wgmma m64nN one alike): step ks packs
+// x[ks * 8 .. ks * 8 + 7] as PackAFrag does, so a register-A wgmma takes P (or dS) straight from S (or dP).
+template <typename T, int kSteps>
+__device__ __forceinline__ void PackAFrags(uint32_t (&a)[kSteps][4], const float (&x)[kSteps * 8]) {
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) {
+    a[ks][0] = Mma<T>::Pack(x[ks * 8 + 0], x[ks * 8 + 1]);
+    a[ks][1] = Mma<T>::Pack(x[ks * 8 + 2], x[ks * 8 + 3]);
+    a[ks][2] = Mma<T>::Pack(x[ks * 8 + 4], x[ks * 8 + 5]);
+    a[ks][3] = Mma<T>::Pack(x[ks * 8 + 6], x[ks * 8 + 7]);
+  }
+}
+
 }  // namespace jax_ops::sm80
