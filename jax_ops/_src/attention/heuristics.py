@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import numpy as np
 
 from jax_ops import _ffi
+from jax_ops._src import dispatch
 from jax_ops._src.attention.config import KNOBS
 from jax_ops._src.attention.validation import Config
 
@@ -39,7 +39,7 @@ def unsupported_reason(query_dtype, head_dim: int, platform: str | None = None) 
         return f"dtype {dtype} is not supported by the attention kernel (float16, bfloat16, float32)"
     if not 1 <= head_dim <= s["max_head_dim"]:
         return f"head dim {head_dim} is outside the kernel's range [1, {s['max_head_dim']}]"
-    platform = platform or jax.default_backend()
+    platform = platform or dispatch.platform()
     if platform == "gpu":
         if FWD_TARGET not in _ffi.target_names("CUDA"):
             return "this jax_ops build has no CUDA attention kernel (jax_ops_attention_fwd)"
@@ -54,7 +54,7 @@ def unsupported_reason(query_dtype, head_dim: int, platform: str | None = None) 
 
 def bwd_unsupported_reason(cfg: Config, head_dim: int) -> str | None:
     """Why the backward kernel cannot run (None when it can): the explicit reference fallback's reason."""
-    if jax.default_backend() != "gpu":
+    if dispatch.platform() != "gpu":
         return None
     if BWD_TARGET not in _ffi.target_names("CUDA"):
         return "this build has no CUDA attention backward kernel (jax_ops_attention_bwd)"
@@ -82,7 +82,7 @@ def kv_splits(cfg: Config, batch: int, seqlen_q: int, seqlen_k: int, num_heads: 
     if forced is not None:
         want = int(forced)
     else:
-        if jax.default_backend() != "gpu":
+        if dispatch.platform() != "gpu":
             return 1
         ctas = batch * num_heads * -(-seqlen_q // 64)
         if 2 * ctas > SPLIT_KV_TARGET_CTAS:

@@ -194,7 +194,7 @@ def lsmr(
         if val is not None and not isinstance(val, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(val))):
             raise ValueError(f"{name} contains NaN or Inf")
     if unroll is None:
-        unroll = default_unroll(jax.default_backend())
+        unroll = default_unroll(dispatch.platform())
     if int(unroll) < 1:
         raise ValueError(f"unroll must be >= 1, got {unroll}")
     cp = ColParams(damp_a, atol_a, btol_a, conlim_a, maxiter_a, jnp.zeros((1,), dtype))
@@ -205,7 +205,7 @@ def lsmr(
     loop = LoopConfig(int(unroll), bool(KNOBS.pack_scalars), iteration)
     solve_jit = _solve_jit
     options = KNOBS.compiler_options
-    if options and jax.default_backend() == "gpu" and _at_top_level():
+    if options and dispatch.platform() == "gpu" and _at_top_level():
         solve_jit = _solve_jit_with(tuple(sorted(options.items())))
     out = solve_jit(spec, x0 is not None, loop, implementation, leaves, b[None], X0, cp)
     return jax.tree_util.tree_map(lambda a: a[0], out)
