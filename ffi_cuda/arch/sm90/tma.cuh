@@ -36,6 +36,17 @@ __device__ __forceinline__ void TmaLoad4d(void* dst, const CUtensorMap* map, uin
 #endif
 }
 
+// TMA: one box of a 3-D tensor map into shared memory; completion is counted on `bar` in bytes.
+__device__ __forceinline__ void TmaLoad3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
+#if JAX_OPS_SM90
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::
+          "r"(sm80::SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(sm80::SmemAddr(bar))
+      : "memory");
+#endif
+}
+
 __device__ __forceinline__ void PrefetchTensorMap(const CUtensorMap* map) {
 #if JAX_OPS_SM90
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
@@ -72,6 +83,24 @@ bool EncodeMap(CUtensorMap* map, const void* base, int64_t batch, int64_t rows, 
   const CUtensorMapDataType dtype =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   return encode(map, dtype, 4, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Map of a dense row-major 3-D tensor [d2][d1][d0] of `elem_bytes`-byte elements (d0 contiguous), loaded in
+// boxes of box0 x box1 x 1 with 128-byte swizzle (box0 * elem_bytes must be 128: one swizzle row). Out-of-range
+// box elements read as zero. False when the driver refuses (alignment: base and row strides multiples of 16 bytes).
+inline bool EncodeMap3d(CUtensorMap* map, CUtensorMapDataType dtype, int elem_bytes, const void* base, int64_t d0,
+                        int64_t d1, int64_t d2, int64_t row_stride_elems, int64_t plane_stride_elems, int box0,
+                        int box1) {
+  const auto encode = TensorMapEncoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d0), static_cast<cuuint64_t>(d1), static_cast<cuuint64_t>(d2)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(row_stride_elems * elem_bytes),
+                                 static_cast<cuuint64_t>(plane_stride_elems * elem_bytes)};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box0), static_cast<cuuint32_t>(box1), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  return encode(map, dtype, 3, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }

@@ -42,6 +42,11 @@ __device__ __forceinline__ void FenceRegs(float (&r)[kN]) {
 #pragma unroll
   for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
+template <int kN>
+__device__ __forceinline__ void FenceRegs(int32_t (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
 
 // Warpgroup register reallocation (all threads of the warpgroup execute it).
 template <int kRegs>

@@ -1,0 +1,387 @@
+// Hopper GEMM (sm_90a): persistent, warp-specialised TMA + wgmma with the fused epilogue of params.h.
+//
+// One CTA = 3 warpgroups. Warpgroup 0 is the producer: one thread streams the A tile (128 rows x 128 bytes of K)
+// and the B tile (128 bytes of K x kBN columns; gated: the gate and the up columns) of each K block into a
+// kStages-deep shared-memory ring with TMA, signalling `full` mbarriers; it gives its registers to the consumers.
+// Warpgroups 1 and 2 are the consumers, 64 rows of the 128-row tile each: wgmma m64 n256 (gated: two n128, one per
+// projection) from the ring, releasing a stage on its `empty` mbarrier once the next K block's wgmma is issued, then
+// the epilogue from the accumulators straight to global memory (each thread owns row pairs of 2 consecutive
+// columns). Tiles are visited in a grouped order (kGroupRows M tiles per group) so concurrent CTAs share A and B
+// tiles in L2; the producer runs ahead into the next tile while the consumers finish the epilogue.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "arch/sm90/sm90.cuh"
+#include "common/cuda_helpers.h"
+#include "common/dtype_traits.h"
+#include "gemm/epilogue.h"
+#include "gemm/kernels.h"
+
+namespace jax_ops::gemm {
+
+using jax_ops::sm90::EncodeMap3d, jax_ops::sm90::FenceBarrierInit, jax_ops::sm90::FenceRegs, jax_ops::sm90::MbarArrive,
+    jax_ops::sm90::MbarArriveExpectTx, jax_ops::sm90::MbarInit, jax_ops::sm90::MbarWait,
+    jax_ops::sm90::PrefetchTensorMap, jax_ops::sm90::RegAlloc, jax_ops::sm90::RegDealloc, jax_ops::sm90::SmemDesc,
+    jax_ops::sm90::TmaLoad3d, jax_ops::sm90::Wgmma, jax_ops::sm90::WgmmaA, jax_ops::sm90::WgmmaB,
+    jax_ops::sm90::WgmmaCommit, jax_ops::sm90::WgmmaFence, jax_ops::sm90::WgmmaK32, jax_ops::sm90::WgmmaWait;
+
+template <bool kGated>
+struct Sm90Traits {
+  static constexpr int kBlockM = 128;                 // two consumer warpgroups x 64 rows
+  static constexpr int kKBytes = 128;                 // bytes of K per block: one 128-byte swizzle row
+  static constexpr int kBlockN = kGated ? 128 : 256;  // output columns per tile
+  static constexpr int kOperands = kGated ? 2 : 1;    // B projections per tile (gate, up)
+  static constexpr int kStages = 4;
+  static constexpr int kAStageBytes = kBlockM * kKBytes;
+  static constexpr int kBOperandBytes = kBlockN * kKBytes;  // one projection's B tile (K-major or MN-major)
+  static constexpr int kBStageBytes = kOperands * kBOperandBytes;
+  static constexpr int kStageBytes = kAStageBytes + kBStageBytes;
+  static constexpr int kBarrierBytes = 128;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kBarrierBytes + 1024;  // + 1 KiB to align to 1024
+  static constexpr int kThreads = 384;
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static constexpr int kGroupRows = 8;  // M tiles per group of the tile order
+};
+
+// The wgmma of one k step for operand types TA x TB: 16-bit k16 (B K-major or MN-major) or 8-bit k32 (K-major).
+template <typename TA, typename TB, int kN, WgmmaB kBMajor>
+struct Sm90Mma {
+  using Acc = float;
+  static constexpr int kKStep = 16;
+  __device__ __forceinline__ static void Run(float (&d)[kN / 2], uint64_t da, uint64_t db, int scale_d) {
+    Wgmma<TA, kN, WgmmaA::kSmem, kBMajor>::Run(d, da, db, scale_d);
+  }
+};
+template <typename TA, typename TB, int kN>
+struct Sm90Mma8 {
+  using Acc = typename WgmmaK32<TA, TB, kN>::Acc;
+  static constexpr int kKStep = 32;
+  __device__ __forceinline__ static void Run(Acc (&d)[kN / 2], uint64_t da, uint64_t db, int scale_d) {
+    WgmmaK32<TA, TB, kN>::Run(d, da, db, scale_d);
+  }
+};
+template <typename TA, typename TB, int kN, WgmmaB kBMajor>
+using Sm90MmaOf = std::conditional_t<sizeof(TA) == 2, Sm90Mma<TA, TB, kN, kBMajor>, Sm90Mma8<TA, TB, kN>>;
+
+struct Sm90Maps {
+  CUtensorMap a, b, b_up;
+};
+
+// The persistent schedule: tiles numbered batch-major, then in groups of kGroupRows M tiles walked column by
+// column, so the CTAs running at one time cover a few A row panels and a few B column panels.
+struct Sm90Grid {
+  int64_t m_tiles, n_tiles, tiles_per_batch, num_tiles;
+};
+
+template <int kGroupRows>
+__device__ __forceinline__ void Sm90TileOf(const Sm90Grid& g, int64_t t, int64_t& batch, int64_t& m_tile,
+                                           int64_t& n_tile) {
+  batch = t / g.tiles_per_batch;
+  const int64_t r = t - batch * g.tiles_per_batch;
+  const int64_t group_tiles = int64_t{kGroupRows} * g.n_tiles;
+  const int64_t first_m = (r / group_tiles) * kGroupRows;
+  const int64_t rows = g.m_tiles - first_m < kGroupRows ? g.m_tiles - first_m : kGroupRows;
+  const int64_t q = r - (r / group_tiles) * group_tiles;
+  m_tile = first_m + q % rows;
+  n_tile = q / rows;
+}
+
+// Two consecutive elements of the output row (vector load/store when both exist and are aligned).
+template <typename OutT>
+struct Sm90Pair {
+  __device__ __forceinline__ static void Load(const OutT* p, bool both, float& x0, float& x1) {
+    if constexpr (std::is_same_v<OutT, float>) {
+      if (both) {
+        const float2 v = *reinterpret_cast<const float2*>(p);
+        x0 = v.x;
+        x1 = v.y;
+      } else {
+        x0 = p[0];
+        x1 = 0.f;
+      }
+    } else {
+      if (both) {
+        using Vec = std::conditional_t<std::is_same_v<OutT, __half>, __half2, __nv_bfloat162>;
+        const Vec v = *reinterpret_cast<const Vec*>(p);
+        x0 = ToAcc(v.x);
+        x1 = ToAcc(v.y);
+      } else {
+        x0 = ToAcc(p[0]);
+        x1 = 0.f;
+      }
+    }
+  }
+  __device__ __forceinline__ static void Store(OutT* p, bool both, float y0, float y1) {
+    if constexpr (std::is_same_v<OutT, float>) {
+      if (both) {
+        *reinterpret_cast<float2*>(p) = make_float2(y0, y1);
+      } else {
+        p[0] = y0;
+      }
+    } else {
+      if (both) {
+        using Vec = std::conditional_t<std::is_same_v<OutT, __half>, __half2, __nv_bfloat162>;
+        Vec v;
+        v.x = FromAcc<OutT>(y0);
+        v.y = FromAcc<OutT>(y1);
+        *reinterpret_cast<Vec*>(p) = v;
+      } else {
+        p[0] = FromAcc<OutT>(y0);
+      }
+    }
+  }
+};
+
+// Epilogue of one consumer thread's accumulators: rows row0 and row0 + 8, column pairs col0 + 8 j + {0, 1}.
+// acc (and acc_up when gated) hold kN / 2 values in wgmma's m64nN accumulator order.
+template <typename OutT, bool kGated, int kN, typename Acc, int kUpRegs>
+__device__ __forceinline__ void Sm90Epilogue(const KernelArgs& args, int64_t batch, int64_t row0, int64_t col0,
+                                             const Acc (&acc)[kN / 2], const Acc (&acc_up)[kUpRegs]) {
+  const float alpha = static_cast<float>(args.alpha), beta = static_cast<float>(args.beta);
+  const bool pairs = (args.n & 1) == 0;  // row starts stay 2-element aligned
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = row0 + half * 8;
+    if (row >= args.m) continue;
+    const float a_scale = args.a_scale ? args.a_scale[args.a_scale_len == 1 ? 0 : row] : 1.f;
+    const int64_t out_off = (batch * args.m + row) * args.n;
+    OutT* out = static_cast<OutT*>(args.out) + out_off;
+    const OutT* c_row = args.c ? static_cast<const OutT*>(args.c) + out_off : nullptr;
+    const OutT* res_row = args.residual ? static_cast<const OutT*>(args.residual) + out_off : nullptr;
+    OutT* pre_row =
+        args.preact ? static_cast<OutT*>(args.preact) + (batch * args.m + row) * (kGated ? 2 : 1) * args.n : nullptr;
+#pragma unroll
+    for (int j = 0; j < kN / 8; ++j) {
+      const int64_t col = col0 + j * 8;
+      if (col >= args.n) break;
+      const bool both = pairs && col + 1 < args.n;
+      float cv[2] = {0.f, 0.f}, rv[2] = {0.f, 0.f}, z[2], zu[2], y[2];
+      if (c_row) Sm90Pair<OutT>::Load(c_row + col, both, cv[0], cv[1]);
+      if (res_row) Sm90Pair<OutT>::Load(res_row + col, both, rv[0], rv[1]);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t cc = col + e;
+        if (e == 1 && cc >= args.n) break;
+        EpilogueScalars<float> s;
+        s.c = cv[e];
+        s.residual = rv[e];
+        const float b_scale = args.b_scale ? args.b_scale[args.b_scale_len == 1 ? 0 : cc] : 1.f;
+        s.scale = a_scale * b_scale;
+        s.bias = args.bias ? args.bias[cc] : 0.f;
+        z[e] = PreActivation(static_cast<float>(acc[j * 4 + half * 2 + e]), alpha, beta, s);
+        if constexpr (kGated) {
+          EpilogueScalars<float> su;
+          const float up_scale = args.b_scale ? args.b_scale[args.b_scale_len == 1 ? 0 : args.n + cc] : 1.f;
+          su.scale = a_scale * up_scale;
+          su.bias = args.bias ? args.bias[args.n + cc] : 0.f;
+          zu[e] = PreActivation(static_cast<float>(acc_up[j * 4 + half * 2 + e]), alpha, 0.f, su);
+          y[e] = GatedOutput(args.activation, z[e], zu[e], s.residual);
+        } else {
+          y[e] = Output(args.activation, z[e], s.residual);
+        }
+      }
+      Sm90Pair<OutT>::Store(out + col, both, y[0], y[1]);
+      if (pre_row) {
+        Sm90Pair<OutT>::Store(pre_row + col, both, z[0], z[1]);
+        if constexpr (kGated) Sm90Pair<OutT>::Store(pre_row + args.n + col, both, zu[0], zu[1]);
+      }
+    }
+  }
+}
+
+template <typename TA, typename TB, bool kGated, WgmmaB kBMajor>
+__global__ void __launch_bounds__(384, 1)
+    GemmSm90Kernel(const __grid_constant__ Sm90Maps maps, const __grid_constant__ KernelArgs args, Sm90Grid grid) {
+#if JAX_OPS_SM90
+  using Tr = Sm90Traits<kGated>;
+  using Mma = Sm90MmaOf<TA, TB, Tr::kBlockN, kBMajor>;
+  using Acc = typename Mma::Acc;
+  constexpr int kStages = Tr::kStages, kBlockK = Tr::kKBytes / static_cast<int>(sizeof(TA));
+  constexpr int kRegs = Tr::kBlockN / 2;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  unsigned char* sA = smem;
+  unsigned char* sB = smem + kStages * Tr::kAStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(sB + kStages * Tr::kBStageBytes);
+  uint64_t* empty = full + kStages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(full + s, 1);
+      MbarInit(empty + s, 8);  // one arrival per consumer warp
+    }
+    FenceBarrierInit();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  const int64_t k_blocks = (args.k + kBlockK - 1) / kBlockK;
+  if (wg == 0) {
+    RegDealloc<Tr::kProducerRegs>();
+    if (threadIdx.x != 0) return;
+    PrefetchTensorMap(&maps.a);
+    PrefetchTensorMap(&maps.b);
+    if constexpr (kGated) PrefetchTensorMap(&maps.b_up);
+    int64_t it = 0;
+    for (int64_t t = blockIdx.x; t < grid.num_tiles; t += gridDim.x) {
+      int64_t batch, m_tile, n_tile;
+      Sm90TileOf<Tr::kGroupRows>(grid, t, batch, m_tile, n_tile);
+      const int b_batch = args.b_batch_stride == 0 ? 0 : static_cast<int>(batch);
+      const int m0 = static_cast<int>(m_tile * Tr::kBlockM), n0 = static_cast<int>(n_tile * Tr::kBlockN);
+      for (int64_t kb = 0; kb < k_blocks; ++kb, ++it) {
+        const int stage = static_cast<int>(it % kStages);
+        if (it >= kStages) MbarWait(empty + stage, ((it / kStages) - 1) & 1);
+        MbarArriveExpectTx(full + stage, Tr::kStageBytes);
+        const int k0 = static_cast<int>(kb * kBlockK);
+        TmaLoad3d(sA + stage * Tr::kAStageBytes, &maps.a, full + stage, k0, m0, static_cast<int>(batch));
+        unsigned char* b_dst = sB + stage * Tr::kBStageBytes;
+#pragma unroll
+        for (int op = 0; op < Tr::kOperands; ++op) {
+          // The up projection: a second map (separate weight) or the same map N columns on (packed weight).
+          const CUtensorMap* map = op == 1 && args.gated == Gated::kSeparate ? &maps.b_up : &maps.b;
+          const int col0 = n0 + (op == 1 ? static_cast<int>(args.up_offset) : 0);
+          unsigned char* dst = b_dst + op * Tr::kBOperandBytes;
+          if constexpr (kBMajor == WgmmaB::kKMajor) {
+            TmaLoad3d(dst, map, full + stage, k0, col0, b_batch);
+          } else {  // 64-column panels of kBlockK rows
+#pragma unroll
+            for (int p = 0; p < Tr::kBlockN / 64; ++p)
+              TmaLoad3d(dst + p * kBlockK * 128, map, full + stage, col0 + p * 64, k0, b_batch);
+          }
+        }
+      }
+    }
+    return;
+  }
+  RegAlloc<Tr::kConsumerRegs>();
+  const int cw = wg - 1;  // consumer warpgroup: rows [64 cw, 64 cw + 64) of the tile
+  const int tid = threadIdx.x - 128 * wg, warp = tid / 32, lane = tid % 32;
+  int64_t it = 0;
+  Acc acc[kRegs];
+  Acc acc_up[kGated ? kRegs : 1];
+  for (int64_t t = blockIdx.x; t < grid.num_tiles; t += gridDim.x) {
+    int64_t batch, m_tile, n_tile;
+    Sm90TileOf<Tr::kGroupRows>(grid, t, batch, m_tile, n_tile);
+    FenceRegs(acc);
+    if constexpr (kGated) FenceRegs(acc_up);
+    for (int64_t kb = 0; kb < k_blocks; ++kb, ++it) {
+      const int stage = static_cast<int>(it % kStages);
+      MbarWait(full + stage, (it / kStages) & 1);
+      const unsigned char* a_tile = sA + stage * Tr::kAStageBytes + cw * 64 * 128;
+      const unsigned char* b_tile = sB + stage * Tr::kBStageBytes;
+      WgmmaFence();
+#pragma unroll
+      for (int ks = 0; ks < kBlockK / Mma::kKStep; ++ks) {
+        const uint64_t da = SmemDesc(a_tile + ks * 32, 16, 1024);
+        const int scale_d = kb > 0 || ks > 0;
+#pragma unroll
+        for (int op = 0; op < Tr::kOperands; ++op) {
+          const unsigned char* b_op = b_tile + op * Tr::kBOperandBytes;
+          // K-major: 32 bytes of K per k step inside each 128-byte row; MN-major: 16 K rows (2 KiB) per k step,
+          // the 64-column panels kBlockK * 128 bytes apart.
+          const uint64_t db = kBMajor == WgmmaB::kKMajor ? SmemDesc(b_op + ks * 32, 16, 1024)
+                                                         : SmemDesc(b_op + ks * 2048, kBlockK * 128, 1024);
+          if (op == 0) {
+            Mma::Run(acc, da, db, scale_d);
+          } else if constexpr (kGated) {
+            Mma::Run(acc_up, da, db, scale_d);
+          }
+        }
+      }
+      WgmmaCommit();
+      if (kb > 0) {  // the previous K block's wgmma has finished reading its stage
+        WgmmaWait<1>();
+        __syncwarp();
+        if (lane == 0) MbarArrive(empty + (it - 1) % kStages);
+      }
+    }
+    WgmmaWait<0>();
+    FenceRegs(acc);
+    if constexpr (kGated) FenceRegs(acc_up);
+    __syncwarp();
+    if (lane == 0) MbarArrive(empty + (it - 1) % kStages);
+    const int64_t row0 = m_tile * Tr::kBlockM + cw * 64 + warp * 16 + lane / 4;
+    const int64_t col0 = n_tile * Tr::kBlockN + (lane % 4) * 2;
+    switch (args.out_dtype) {
+      case ffi::DataType::F16:
+        Sm90Epilogue<__half, kGated, Tr::kBlockN>(args, batch, row0, col0, acc, acc_up);
+        break;
+      case ffi::DataType::BF16:
+        Sm90Epilogue<__nv_bfloat16, kGated, Tr::kBlockN>(args, batch, row0, col0, acc, acc_up);
+        break;
+      default:
+        Sm90Epilogue<float, kGated, Tr::kBlockN>(args, batch, row0, col0, acc, acc_up);
+        break;
+    }
+  }
+#endif
+}
+
+// Host side -------------------------------------------------------------------------------------------------------
+
+template <typename T>
+constexpr CUtensorMapDataType Sm90MapDType() {
+  if constexpr (std::is_same_v<T, __half>) return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return CU_TENSOR_MAP_DATA_TYPE_UINT8;  // fp8 / int8: raw bytes
+}
+
+// Encodes the maps and launches one instantiation; cudaErrorInvalidValue when the driver refuses a map.
+template <typename TA, typename TB, bool kGated, WgmmaB kBMajor>
+cudaError_t LaunchSm90Kernel(const KernelArgs& args, int num_sms, cudaStream_t stream) {
+  using Tr = Sm90Traits<kGated>;
+  constexpr int kBlockK = Tr::kKBytes / static_cast<int>(sizeof(TA));
+  Sm90Maps maps{};
+  const int64_t b_batches = args.b_batch_stride == 0 ? 1 : args.batch;
+  // a [batch, m, k] (K-major): boxes of kBlockK x 128 rows.
+  bool ok = EncodeMap3d(&maps.a, Sm90MapDType<TA>(), sizeof(TA), args.a, args.k, args.m, args.batch, args.lda,
+                        args.m * args.lda, kBlockK, Tr::kBlockM);
+  const int64_t b_cols = args.gated == Gated::kPacked ? 2 * args.n : args.n;
+  const int64_t b_plane = args.b_batch_stride == 0 ? args.k * b_cols : args.b_batch_stride;
+  for (int op = 0; op < (args.gated == Gated::kSeparate ? 2 : 1); ++op) {
+    CUtensorMap* map = op == 0 ? &maps.b : &maps.b_up;
+    const void* base = op == 0 ? args.b : args.b_up;
+    if constexpr (kBMajor == WgmmaB::kKMajor) {  // b [bb, n, k]: boxes of kBlockK x kBlockN rows
+      ok = ok && EncodeMap3d(map, Sm90MapDType<TB>(), sizeof(TB), base, args.k, b_cols, b_batches, args.ldb, b_plane,
+                             kBlockK, Tr::kBlockN);
+    } else {  // b [bb, k, cols]: boxes of 64 columns x kBlockK rows
+      ok = ok && EncodeMap3d(map, Sm90MapDType<TB>(), sizeof(TB), base, b_cols, args.k, b_batches, args.ldb, b_plane,
+                             64, kBlockK);
+    }
+  }
+  if (!ok) return cudaErrorInvalidValue;
+  Sm90Grid grid;
+  grid.m_tiles = (args.m + Tr::kBlockM - 1) / Tr::kBlockM;
+  grid.n_tiles = (args.n + Tr::kBlockN - 1) / Tr::kBlockN;
+  grid.tiles_per_batch = grid.m_tiles * grid.n_tiles;
+  grid.num_tiles = grid.tiles_per_batch * args.batch;
+  const auto kernel = GemmSm90Kernel<TA, TB, kGated, kBMajor>;
+  cudaError_t err = SetDynamicSmemOnce(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const int64_t ctas = grid.num_tiles < num_sms ? grid.num_tiles : num_sms;
+  kernel<<<static_cast<unsigned>(ctas), Tr::kThreads, Tr::kSmemBytes, stream>>>(maps, args, grid);
+  return cudaGetLastError();
+}
+
+// The B-layout x gated choice for one operand-type pair (16-bit types take both B layouts; 8-bit ones K-major).
+// Instantiated once per pair in gemm_sm90_<dtype>.cu (one translation unit each, so they compile in parallel).
+template <typename TA, typename TB>
+cudaError_t LaunchSm90Types(const KernelArgs& args, int num_sms, cudaStream_t stream) {
+  const bool gated = args.gated != Gated::kNone;
+  if constexpr (sizeof(TA) == 2) {
+    if (!args.transpose_b)
+      return gated ? LaunchSm90Kernel<TA, TB, true, WgmmaB::kMNMajor>(args, num_sms, stream)
+                   : LaunchSm90Kernel<TA, TB, false, WgmmaB::kMNMajor>(args, num_sms, stream);
+  }
+  return gated ? LaunchSm90Kernel<TA, TB, true, WgmmaB::kKMajor>(args, num_sms, stream)
+               : LaunchSm90Kernel<TA, TB, false, WgmmaB::kKMajor>(args, num_sms, stream);
+}
+
+}  // namespace jax_ops::gemm
