@@ -27,11 +27,12 @@
 
 namespace jax_ops::gemm {
 
-using jax_ops::sm90::EncodeMap3d, jax_ops::sm90::FenceBarrierInit, jax_ops::sm90::FenceRegs, jax_ops::sm90::MbarArrive,
-    jax_ops::sm90::MbarArriveExpectTx, jax_ops::sm90::MbarInit, jax_ops::sm90::MbarWait,
-    jax_ops::sm90::PrefetchTensorMap, jax_ops::sm90::RegAlloc, jax_ops::sm90::RegDealloc, jax_ops::sm90::SmemDesc,
-    jax_ops::sm90::TmaLoad3d, jax_ops::sm90::Wgmma, jax_ops::sm90::WgmmaA, jax_ops::sm90::WgmmaB,
-    jax_ops::sm90::WgmmaCommit, jax_ops::sm90::WgmmaFence, jax_ops::sm90::WgmmaK32, jax_ops::sm90::WgmmaWait;
+using jax_ops::sm90::EncodeMap3d, jax_ops::sm90::NamedBarrier, jax_ops::sm90::FenceBarrierInit,
+    jax_ops::sm90::FenceRegs, jax_ops::sm90::MbarArrive, jax_ops::sm90::MbarArriveExpectTx, jax_ops::sm90::MbarInit,
+    jax_ops::sm90::MbarWait, jax_ops::sm90::PrefetchTensorMap, jax_ops::sm90::RegAlloc, jax_ops::sm90::RegDealloc,
+    jax_ops::sm90::SmemDesc, jax_ops::sm90::TmaLoad3d, jax_ops::sm90::Wgmma, jax_ops::sm90::WgmmaA,
+    jax_ops::sm90::WgmmaB, jax_ops::sm90::WgmmaCommit, jax_ops::sm90::WgmmaFence, jax_ops::sm90::WgmmaK32,
+    jax_ops::sm90::WgmmaWait;
 
 template <bool kGated>
 struct Sm90Traits {
@@ -44,8 +45,14 @@ struct Sm90Traits {
   static constexpr int kBOperandBytes = kBlockN * kKBytes;  // one projection's B tile (K-major or MN-major)
   static constexpr int kBStageBytes = kOperands * kBOperandBytes;
   static constexpr int kStageBytes = kAStageBytes + kBStageBytes;
+  // Epilogue staging, per consumer warpgroup: 64 rows x kChunkCols output columns (gated: gate then up) of fp32,
+  // rows padded to kStageStride floats so the accumulator writes are bank-conflict free.
+  static constexpr int kChunkCols = kGated ? 16 : 32;
+  static constexpr int kStageStride = 40;
+  static constexpr int kEpilogueBytes = 2 * 64 * kStageStride * 4;
   static constexpr int kBarrierBytes = 128;
-  static constexpr int kSmemBytes = kStages * kStageBytes + kBarrierBytes + 1024;  // + 1 KiB to align to 1024
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes + kEpilogueBytes + kBarrierBytes + 1024;  // + 1 KiB to align to 1024
   static constexpr int kThreads = 384;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static constexpr int kGroupRows = 8;  // M tiles per group of the tile order
@@ -79,121 +86,155 @@ struct Sm90Maps {
 // column, so the CTAs running at one time cover a few A row panels and a few B column panels.
 struct Sm90Grid {
   int64_t m_tiles, n_tiles, tiles_per_batch, num_tiles;
+  int64_t group_rows;  // M tiles per group
 };
 
-template <int kGroupRows>
 __device__ __forceinline__ void Sm90TileOf(const Sm90Grid& g, int64_t t, int64_t& batch, int64_t& m_tile,
                                            int64_t& n_tile) {
   batch = t / g.tiles_per_batch;
   const int64_t r = t - batch * g.tiles_per_batch;
-  const int64_t group_tiles = int64_t{kGroupRows} * g.n_tiles;
-  const int64_t first_m = (r / group_tiles) * kGroupRows;
-  const int64_t rows = g.m_tiles - first_m < kGroupRows ? g.m_tiles - first_m : kGroupRows;
+  const int64_t group_tiles = g.group_rows * g.n_tiles;
+  const int64_t first_m = (r / group_tiles) * g.group_rows;
+  const int64_t rows = g.m_tiles - first_m < g.group_rows ? g.m_tiles - first_m : g.group_rows;
   const int64_t q = r - (r / group_tiles) * group_tiles;
   m_tile = first_m + q % rows;
   n_tile = q / rows;
 }
 
-// Two consecutive elements of the output row (vector load/store when both exist and are aligned).
+// Eight consecutive elements of an output-shaped row as fp32: one 16-byte access per 16 bytes when `vec` (all eight
+// exist and the row is aligned), else `count` scalar ones.
 template <typename OutT>
-struct Sm90Pair {
-  __device__ __forceinline__ static void Load(const OutT* p, bool both, float& x0, float& x1) {
+__device__ __forceinline__ void Sm90Load8(const OutT* p, bool vec, int count, float (&x)[8]) {
+  if (vec) {
     if constexpr (std::is_same_v<OutT, float>) {
-      if (both) {
-        const float2 v = *reinterpret_cast<const float2*>(p);
-        x0 = v.x;
-        x1 = v.y;
-      } else {
-        x0 = p[0];
-        x1 = 0.f;
-      }
+      const float4 lo = reinterpret_cast<const float4*>(p)[0], hi = reinterpret_cast<const float4*>(p)[1];
+      x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w, x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
     } else {
-      if (both) {
-        using Vec = std::conditional_t<std::is_same_v<OutT, __half>, __half2, __nv_bfloat162>;
-        const Vec v = *reinterpret_cast<const Vec*>(p);
-        x0 = ToAcc(v.x);
-        x1 = ToAcc(v.y);
-      } else {
-        x0 = ToAcc(p[0]);
-        x1 = 0.f;
-      }
+      const uint4 v = *reinterpret_cast<const uint4*>(p);
+      const OutT* e = reinterpret_cast<const OutT*>(&v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] = ToAcc(e[i]);
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    if constexpr (std::is_same_v<OutT, float>) {
+      x[i] = i < count ? p[i] : 0.f;
+    } else {
+      x[i] = i < count ? ToAcc(p[i]) : 0.f;
     }
   }
-  __device__ __forceinline__ static void Store(OutT* p, bool both, float y0, float y1) {
-    if constexpr (std::is_same_v<OutT, float>) {
-      if (both) {
-        *reinterpret_cast<float2*>(p) = make_float2(y0, y1);
-      } else {
-        p[0] = y0;
-      }
-    } else {
-      if (both) {
-        using Vec = std::conditional_t<std::is_same_v<OutT, __half>, __half2, __nv_bfloat162>;
-        Vec v;
-        v.x = FromAcc<OutT>(y0);
-        v.y = FromAcc<OutT>(y1);
-        *reinterpret_cast<Vec*>(p) = v;
-      } else {
-        p[0] = FromAcc<OutT>(y0);
-      }
-    }
-  }
-};
+}
 
-// Epilogue of one consumer thread's accumulators: rows row0 and row0 + 8, column pairs col0 + 8 j + {0, 1}.
-// acc (and acc_up when gated) hold kN / 2 values in wgmma's m64nN accumulator order.
-template <typename OutT, bool kGated, int kN, typename Acc, int kUpRegs>
-__device__ __forceinline__ void Sm90Epilogue(const KernelArgs& args, int64_t batch, int64_t row0, int64_t col0,
-                                             const Acc (&acc)[kN / 2], const Acc (&acc_up)[kUpRegs]) {
-  const float alpha = static_cast<float>(args.alpha), beta = static_cast<float>(args.beta);
-  const bool pairs = (args.n & 1) == 0;  // row starts stay 2-element aligned
+template <typename OutT>
+__device__ __forceinline__ void Sm90Store8(OutT* p, bool vec, int count, const float (&y)[8]) {
+  if (vec) {
+    if constexpr (std::is_same_v<OutT, float>) {
+      reinterpret_cast<float4*>(p)[0] = make_float4(y[0], y[1], y[2], y[3]);
+      reinterpret_cast<float4*>(p)[1] = make_float4(y[4], y[5], y[6], y[7]);
+    } else {
+      uint4 v;
+      OutT* e = reinterpret_cast<OutT*>(&v);
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t row = row0 + half * 8;
-    if (row >= args.m) continue;
-    const float a_scale = args.a_scale ? args.a_scale[args.a_scale_len == 1 ? 0 : row] : 1.f;
-    const int64_t out_off = (batch * args.m + row) * args.n;
-    OutT* out = static_cast<OutT*>(args.out) + out_off;
-    const OutT* c_row = args.c ? static_cast<const OutT*>(args.c) + out_off : nullptr;
-    const OutT* res_row = args.residual ? static_cast<const OutT*>(args.residual) + out_off : nullptr;
-    OutT* pre_row =
-        args.preact ? static_cast<OutT*>(args.preact) + (batch * args.m + row) * (kGated ? 2 : 1) * args.n : nullptr;
+      for (int i = 0; i < 8; ++i) e[i] = FromAcc<OutT>(y[i]);
+      *reinterpret_cast<uint4*>(p) = v;
+    }
+    return;
+  }
 #pragma unroll
-    for (int j = 0; j < kN / 8; ++j) {
-      const int64_t col = col0 + j * 8;
-      if (col >= args.n) break;
-      const bool both = pairs && col + 1 < args.n;
-      float cv[2] = {0.f, 0.f}, rv[2] = {0.f, 0.f}, z[2], zu[2], y[2];
-      if (c_row) Sm90Pair<OutT>::Load(c_row + col, both, cv[0], cv[1]);
-      if (res_row) Sm90Pair<OutT>::Load(res_row + col, both, rv[0], rv[1]);
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int64_t cc = col + e;
-        if (e == 1 && cc >= args.n) break;
-        EpilogueScalars<float> s;
-        s.c = cv[e];
-        s.residual = rv[e];
-        const float b_scale = args.b_scale ? args.b_scale[args.b_scale_len == 1 ? 0 : cc] : 1.f;
-        s.scale = a_scale * b_scale;
-        s.bias = args.bias ? args.bias[cc] : 0.f;
-        z[e] = PreActivation(static_cast<float>(acc[j * 4 + half * 2 + e]), alpha, beta, s);
-        if constexpr (kGated) {
-          EpilogueScalars<float> su;
-          const float up_scale = args.b_scale ? args.b_scale[args.b_scale_len == 1 ? 0 : args.n + cc] : 1.f;
-          su.scale = a_scale * up_scale;
-          su.bias = args.bias ? args.bias[args.n + cc] : 0.f;
-          zu[e] = PreActivation(static_cast<float>(acc_up[j * 4 + half * 2 + e]), alpha, 0.f, su);
-          y[e] = GatedOutput(args.activation, z[e], zu[e], s.residual);
-        } else {
-          y[e] = Output(args.activation, z[e], s.residual);
-        }
-      }
-      Sm90Pair<OutT>::Store(out + col, both, y[0], y[1]);
-      if (pre_row) {
-        Sm90Pair<OutT>::Store(pre_row + col, both, z[0], z[1]);
-        if constexpr (kGated) Sm90Pair<OutT>::Store(pre_row + args.n + col, both, zu[0], zu[1]);
+  for (int i = 0; i < 8; ++i) {
+    if (i < count) {
+      if constexpr (std::is_same_v<OutT, float>) {
+        p[i] = y[i];
+      } else {
+        p[i] = FromAcc<OutT>(y[i]);
       }
     }
+  }
+}
+
+// The epilogue of one staged chunk (64 rows x kChunkCols columns of one consumer warpgroup, fp32 in shared memory)
+// to global memory: each thread takes runs of 8 consecutive columns, so loads and stores are 16-byte vectors along
+// the row. row0 / col0: the chunk's first output row and column.
+template <typename OutT, bool kGated>
+__device__ __forceinline__ void Sm90StoreChunk(const KernelArgs& args, const float* staged, int64_t batch, int64_t row0,
+                                               int64_t col0, int tid) {
+  using Tr = Sm90Traits<kGated>;
+  constexpr int kThreadsPerRow = Tr::kChunkCols / 8, kRowsPerPass = 128 / kThreadsPerRow;
+  const float alpha = static_cast<float>(args.alpha), beta = static_cast<float>(args.beta);
+  const int run = tid % kThreadsPerRow;
+  const int64_t col = col0 + run * 8;
+  if (col >= args.n) return;
+  const int count = args.n - col < 8 ? static_cast<int>(args.n - col) : 8;
+  const bool vec = count == 8 && args.n % 8 == 0;  // 8-element runs start 16-byte (32-byte for f32) aligned
+  float bias[8], b_scale[8], bias_up[8], up_scale[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t c = i < count ? col + i : col;
+    bias[i] = args.bias ? args.bias[c] : 0.f;
+    b_scale[i] = args.b_scale ? args.b_scale[args.b_scale_len == 1 ? 0 : c] : 1.f;
+    if constexpr (kGated) {
+      bias_up[i] = args.bias ? args.bias[args.n + c] : 0.f;
+      up_scale[i] = args.b_scale ? args.b_scale[args.b_scale_len == 1 ? 0 : args.n + c] : 1.f;
+    }
+  }
+#pragma unroll 1
+  for (int r = tid / kThreadsPerRow; r < 64; r += kRowsPerPass) {
+    const int64_t row = row0 + r;
+    if (row >= args.m) break;
+    const float a_scale = args.a_scale ? args.a_scale[args.a_scale_len == 1 ? 0 : row] : 1.f;
+    const int64_t off = (batch * args.m + row) * args.n + col;
+    float cv[8], rv[8], z[8], zu[8], y[8];
+    const float* acc = staged + r * Tr::kStageStride + run * 8;
+    if (args.c) {
+      Sm90Load8(static_cast<const OutT*>(args.c) + off, vec, count, cv);
+    }
+    if (args.residual) {
+      Sm90Load8(static_cast<const OutT*>(args.residual) + off, vec, count, rv);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      EpilogueScalars<float> s;
+      s.scale = a_scale * b_scale[i];
+      s.bias = bias[i];
+      s.c = args.c ? cv[i] : 0.f;
+      s.residual = args.residual ? rv[i] : 0.f;
+      z[i] = PreActivation(acc[i], alpha, beta, s);
+      if constexpr (kGated) {
+        EpilogueScalars<float> su;
+        su.scale = a_scale * up_scale[i];
+        su.bias = bias_up[i];
+        zu[i] = PreActivation(acc[Tr::kChunkCols + i], alpha, 0.f, su);
+        y[i] = GatedOutput(args.activation, z[i], zu[i], s.residual);
+      } else {
+        y[i] = Output(args.activation, z[i], s.residual);
+      }
+    }
+    Sm90Store8(static_cast<OutT*>(args.out) + off, vec, count, y);
+    if (args.preact) {
+      OutT* pre = static_cast<OutT*>(args.preact) + (batch * args.m + row) * (kGated ? 2 : 1) * args.n + col;
+      Sm90Store8(pre, vec, count, z);
+      if constexpr (kGated) Sm90Store8(pre + args.n, vec, count, zu);
+    }
+  }
+}
+
+// Out of line (one copy per kernel, not one per chunk) so the kernel's code stays small enough for the
+// instruction cache.
+template <bool kGated>
+__device__ __noinline__ void Sm90EpilogueChunk(const KernelArgs& args, const float* staged, int64_t batch, int64_t row0,
+                                               int64_t col0, int tid) {
+  switch (args.out_dtype) {
+    case ffi::DataType::F16:
+      Sm90StoreChunk<__half, kGated>(args, staged, batch, row0, col0, tid);
+      break;
+    case ffi::DataType::BF16:
+      Sm90StoreChunk<__nv_bfloat16, kGated>(args, staged, batch, row0, col0, tid);
+      break;
+    default:
+      Sm90StoreChunk<float, kGated>(args, staged, batch, row0, col0, tid);
+      break;
   }
 }
 
@@ -211,7 +252,8 @@ __global__ void __launch_bounds__(384, 1)
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   unsigned char* sA = smem;
   unsigned char* sB = smem + kStages * Tr::kAStageBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(sB + kStages * Tr::kBStageBytes);
+  float* sEpilogue = reinterpret_cast<float*>(sB + kStages * Tr::kBStageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(sEpilogue) + Tr::kEpilogueBytes);
   uint64_t* empty = full + kStages;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
@@ -232,7 +274,7 @@ __global__ void __launch_bounds__(384, 1)
     int64_t it = 0;
     for (int64_t t = blockIdx.x; t < grid.num_tiles; t += gridDim.x) {
       int64_t batch, m_tile, n_tile;
-      Sm90TileOf<Tr::kGroupRows>(grid, t, batch, m_tile, n_tile);
+      Sm90TileOf(grid, t, batch, m_tile, n_tile);
       const int b_batch = args.b_batch_stride == 0 ? 0 : static_cast<int>(batch);
       const int m0 = static_cast<int>(m_tile * Tr::kBlockM), n0 = static_cast<int>(n_tile * Tr::kBlockN);
       for (int64_t kb = 0; kb < k_blocks; ++kb, ++it) {
@@ -268,7 +310,7 @@ __global__ void __launch_bounds__(384, 1)
   Acc acc_up[kGated ? kRegs : 1];
   for (int64_t t = blockIdx.x; t < grid.num_tiles; t += gridDim.x) {
     int64_t batch, m_tile, n_tile;
-    Sm90TileOf<Tr::kGroupRows>(grid, t, batch, m_tile, n_tile);
+    Sm90TileOf(grid, t, batch, m_tile, n_tile);
     FenceRegs(acc);
     if constexpr (kGated) FenceRegs(acc_up);
     for (int64_t kb = 0; kb < k_blocks; ++kb, ++it) {
@@ -307,18 +349,33 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (kGated) FenceRegs(acc_up);
     __syncwarp();
     if (lane == 0) MbarArrive(empty + (it - 1) % kStages);
-    const int64_t row0 = m_tile * Tr::kBlockM + cw * 64 + warp * 16 + lane / 4;
-    const int64_t col0 = n_tile * Tr::kBlockN + (lane % 4) * 2;
-    switch (args.out_dtype) {
-      case ffi::DataType::F16:
-        Sm90Epilogue<__half, kGated, Tr::kBlockN>(args, batch, row0, col0, acc, acc_up);
-        break;
-      case ffi::DataType::BF16:
-        Sm90Epilogue<__nv_bfloat16, kGated, Tr::kBlockN>(args, batch, row0, col0, acc, acc_up);
-        break;
-      default:
-        Sm90Epilogue<float, kGated, Tr::kBlockN>(args, batch, row0, col0, acc, acc_up);
-        break;
+    // Epilogue: the accumulators go to shared memory kChunkCols columns at a time (the thread's row pair r, r + 8,
+    // column pairs 8 j + 2 (lane % 4)), then Sm90EpilogueChunk stores the chunk along rows.
+    float* staged = sEpilogue + cw * 64 * Tr::kStageStride;
+    const int r_local = warp * 16 + lane / 4;
+    const int64_t row_base = m_tile * Tr::kBlockM + cw * 64;
+    constexpr int kOctets = Tr::kChunkCols / 8;  // accumulator column octets per chunk (per projection)
+#pragma unroll
+    for (int chunk = 0; chunk < Tr::kBlockN / Tr::kChunkCols; ++chunk) {
+      const int64_t col_base = n_tile * Tr::kBlockN + chunk * Tr::kChunkCols;
+      if (col_base >= args.n) break;  // uniform: the rest of the tile is past N
+      NamedBarrier(1 + cw, 128);      // the previous chunk's readers are done with the buffer
+#pragma unroll
+      for (int o = 0; o < kOctets; ++o) {
+        const int j = chunk * kOctets + o, c = o * 8 + (lane % 4) * 2;
+        *reinterpret_cast<float2*>(staged + r_local * Tr::kStageStride + c) =
+            make_float2(static_cast<float>(acc[j * 4]), static_cast<float>(acc[j * 4 + 1]));
+        *reinterpret_cast<float2*>(staged + (r_local + 8) * Tr::kStageStride + c) =
+            make_float2(static_cast<float>(acc[j * 4 + 2]), static_cast<float>(acc[j * 4 + 3]));
+        if constexpr (kGated) {
+          *reinterpret_cast<float2*>(staged + r_local * Tr::kStageStride + Tr::kChunkCols + c) =
+              make_float2(static_cast<float>(acc_up[j * 4]), static_cast<float>(acc_up[j * 4 + 1]));
+          *reinterpret_cast<float2*>(staged + (r_local + 8) * Tr::kStageStride + Tr::kChunkCols + c) =
+              make_float2(static_cast<float>(acc_up[j * 4 + 2]), static_cast<float>(acc_up[j * 4 + 3]));
+        }
+      }
+      NamedBarrier(1 + cw, 128);
+      Sm90EpilogueChunk<kGated>(args, staged, batch, row_base, col_base, tid);
     }
   }
 #endif
@@ -362,6 +419,10 @@ cudaError_t LaunchSm90Kernel(const KernelArgs& args, int num_sms, cudaStream_t s
   grid.n_tiles = (args.n + Tr::kBlockN - 1) / Tr::kBlockN;
   grid.tiles_per_batch = grid.m_tiles * grid.n_tiles;
   grid.num_tiles = grid.tiles_per_batch * args.batch;
+  grid.group_rows = Tr::kGroupRows;
+#ifdef JAX_OPS_GEMM_SCRATCH
+  if (const char* g = getenv("SM90_GROUP")) grid.group_rows = atoi(g);
+#endif
   const auto kernel = GemmSm90Kernel<TA, TB, kGated, kBMajor>;
   cudaError_t err = SetDynamicSmemOnce(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
