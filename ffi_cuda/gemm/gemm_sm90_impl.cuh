@@ -46,9 +46,9 @@ struct Sm90Traits {
   static constexpr int kBStageBytes = kOperands * kBOperandBytes;
   static constexpr int kStageBytes = kAStageBytes + kBStageBytes;
   // Epilogue staging, per consumer warpgroup: 64 rows x kChunkCols output columns (gated: gate then up) of fp32,
-  // rows padded to kStageStride floats so the accumulator writes are bank-conflict free.
+  // rows padded to kStageStride floats: the 16-byte reads of 8 threads (two rows x 4 runs) hit distinct banks.
   static constexpr int kChunkCols = kGated ? 16 : 32;
-  static constexpr int kStageStride = 40;
+  static constexpr int kStageStride = 36;
   static constexpr int kEpilogueBytes = 2 * 64 * kStageStride * 4;
   static constexpr int kBarrierBytes = 128;
   static constexpr int kSmemBytes =
@@ -186,7 +186,10 @@ __device__ __forceinline__ void Sm90StoreChunk(const KernelArgs& args, const flo
     const float a_scale = args.a_scale ? args.a_scale[args.a_scale_len == 1 ? 0 : row] : 1.f;
     const int64_t off = (batch * args.m + row) * args.n + col;
     float cv[8], rv[8], z[8], zu[8], y[8];
-    const float* acc = staged + r * Tr::kStageStride + run * 8;
+    const float* staged_run = staged + r * Tr::kStageStride + run * 8;
+    float acc[8], acc_up[8];
+    Sm90Load8(staged_run, true, 8, acc);
+    if constexpr (kGated) Sm90Load8(staged_run + Tr::kChunkCols, true, 8, acc_up);
     if (args.c) {
       Sm90Load8(static_cast<const OutT*>(args.c) + off, vec, count, cv);
     }
@@ -205,7 +208,7 @@ __device__ __forceinline__ void Sm90StoreChunk(const KernelArgs& args, const flo
         EpilogueScalars<float> su;
         su.scale = a_scale * up_scale[i];
         su.bias = bias_up[i];
-        zu[i] = PreActivation(acc[Tr::kChunkCols + i], alpha, 0.f, su);
+        zu[i] = PreActivation(acc_up[i], alpha, 0.f, su);
         y[i] = GatedOutput(args.activation, z[i], zu[i], s.residual);
       } else {
         y[i] = Output(args.activation, z[i], s.residual);
