@@ -89,7 +89,8 @@ def dot_product_attention(
     if path == "ffi":
         o, lse = attention_vjp(cfg, q, k, v, bias, mask, qsl, kvsl)
     else:
-        o, lse = reference_attention(
+        # The log-sum-exp only when returned: an empty row's -inf would trip jax.debug_infs in eager mode.
+        o_lse = reference_attention(
             q,
             k,
             v,
@@ -100,7 +101,9 @@ def dot_product_attention(
             scale=cfg.scale,
             is_causal=cfg.is_causal,
             window=(cfg.window_left, cfg.window_right),
+            return_lse=return_residual,
         )
+        o, lse = o_lse if return_residual else (o_lse, None)
     o = o.reshape(out_shape)
     if not return_residual:
         return o
