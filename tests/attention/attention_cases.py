@@ -38,7 +38,8 @@ def qkv(B, T, S, N, K, D, dtype=jnp.float32, seed=0):
 # key); rows in neither are unspecified (the value row of a key they do not attend, which 0 * NaN may carry).
 NONFINITE_CASES = [
     "q_nan",  # NaN in one query row: that row only
-    "q_nan_empty_row",  # NaN in a query row that sees no key: still 0
+    "q_nan_empty_row",  # NaN in a query row that the mask leaves without keys: still 0
+    "q_nan_padded_row",  # NaN in a padded query row (t >= query_seq_lengths): still 0
     "k_posinf",  # +Inf in a key (positive q there): NaN in every row that attends it
     "k_neginf",  # -Inf in a key (positive q there): the key drops out, as a masked one
     "k_nan_masked",  # NaN in a key that the mask hides from every row: nothing
@@ -51,11 +52,13 @@ NONFINITE_CASES = [
 
 @dataclasses.dataclass
 class NonFinite:
-    args: dict  # q, k, v, bias, mask of the call (bias / mask None when unused)
+    case: str  # the NONFINITE_CASES name
+    args: dict  # q, k, v, bias, mask, q_seqlen of the call (the last three None when unused)
     expected: dict  # the same for the call whose output the `keep` rows must equal
     hit: np.ndarray  # [B, T, N] bool: rows whose o must hold a NaN (and whose dq must be non-finite)
     keep: np.ndarray  # [B, T, N] bool: rows whose o must equal the expected call's
     lse_hit: np.ndarray  # [B, T, N] bool: rows whose lse must be NaN (a value row does not reach lse)
+    empty: np.ndarray  # [B, T, N] bool: rows with no allowed key (o = 0; dq = 0 in the query cases)
 
 
 def nonfinite_case(case, B, T, S, N, K, D, dtype=jnp.float32, seed=0) -> NonFinite:
@@ -65,7 +68,7 @@ def nonfinite_case(case, B, T, S, N, K, D, dtype=jnp.float32, seed=0) -> NonFini
     n0 = kh0 * (N // K)  # the first query head of kv group kh0
     group = slice(kh0 * (N // K), (kh0 + 1) * (N // K))
     q, k, v = (np.array(x, np.float32) for x in qkv(B, T, S, N, K, D, seed=seed))
-    bias = mask = None
+    bias = mask = q_seqlen = None
     if case.startswith("bias"):
         bias = np.array(jax.random.normal(jax.random.key(seed + 1), (B, N, T, S)), np.float32)
     if case in ("k_posinf", "k_neginf"):
@@ -76,16 +79,28 @@ def nonfinite_case(case, B, T, S, N, K, D, dtype=jnp.float32, seed=0) -> NonFini
         mask[b0, :, :, s0] = False
     if case == "q_nan_empty_row":
         mask[b0, n0, t0, :] = False
-    expected = dict(q=q.copy(), k=k.copy(), v=v.copy(), bias=None if bias is None else bias.copy(), mask=mask)
+    if case == "q_nan_padded_row":
+        q_seqlen = np.array([T] * (B - 1) + [t0], np.int32)  # rows t >= t0 of batch b0 are padding
+    expected = dict(
+        q=q.copy(),
+        k=k.copy(),
+        v=v.copy(),
+        bias=None if bias is None else bias.copy(),
+        mask=mask,
+        q_seqlen=q_seqlen,
+    )
     if case == "k_neginf":
         expected["mask"] = mask.copy()
         expected["mask"][b0, group, :, s0] = False
         mask = None
     hit = np.zeros((B, T, N), bool)
     keep = np.ones((B, T, N), bool)
-    if case in ("q_nan", "q_nan_empty_row"):
+    empty = np.zeros((B, T, N), bool)
+    if case.startswith("q_nan"):
         q[b0, t0, n0, d0] = np.nan
         hit[b0, t0, n0] = case == "q_nan"
+        empty[b0, t0, n0] = case == "q_nan_empty_row"
+        empty[b0, t0:] = case == "q_nan_padded_row"
     elif case in ("k_posinf", "k_neginf", "k_nan_masked"):
         k[b0, s0, kh0, d0] = {"k_posinf": np.inf, "k_neginf": -np.inf, "k_nan_masked": np.nan}[case]
         hit[b0, s0:, group] = case == "k_posinf"
@@ -103,11 +118,12 @@ def nonfinite_case(case, B, T, S, N, K, D, dtype=jnp.float32, seed=0) -> NonFini
 
     def cast(d):
         return {
-            name: None if x is None else jnp.asarray(x, dtype if name in "qkv" else x.dtype)
+            name: None if x is None else jnp.asarray(x, dtype if name in ("q", "k", "v") else x.dtype)
             for name, x in d.items()
         }
 
-    return NonFinite(cast(dict(q=q, k=k, v=v, bias=bias, mask=mask)), cast(expected), hit, keep, lse_hit)
+    args = dict(q=q, k=k, v=v, bias=bias, mask=mask, q_seqlen=q_seqlen)
+    return NonFinite(case, cast(args), cast(expected), hit, keep, lse_hit, empty)
 
 
 def assert_nonfinite_outputs(c: NonFinite, out, lse, ref, ref_lse, atol):
@@ -118,6 +134,20 @@ def assert_nonfinite_outputs(c: NonFinite, out, lse, ref, ref_lse, atol):
     ref, ref_lse = np.asarray(ref, np.float32), np.asarray(ref_lse, np.float32)
     assert np.isnan(out).any(-1)[c.hit].all(), "a non-finite input that a row reads did not reach its output"
     assert np.isnan(lse[c.lse_hit]).all()
+    assert np.all(out[c.empty] == 0) and np.all(lse[c.empty] == -np.inf)
     np.testing.assert_allclose(out[c.keep], ref[c.keep], atol=atol, rtol=atol)
     lse_keep = c.keep | (c.hit & ~c.lse_hit)
     np.testing.assert_allclose(lse[lse_keep], ref_lse[lse_keep], atol=atol, rtol=atol)
+
+
+def assert_nonfinite_grads(c: NonFinite, grads):
+    """The gradient rule of a NonFinite case on [dq, dk, dv(, dbias)] (numpy float32)."""
+    case = c.case
+    dq = grads[0]
+    assert (~np.isfinite(dq)).any(-1)[c.hit].all(), "a row with a NaN output has a finite dq"
+    if case.startswith("q_nan"):  # dq[t] = dS[t] K reads no other row's q: finite wherever the output is
+        assert np.isfinite(dq[~c.hit]).all()
+        assert np.all(dq[c.empty] == 0)
+    if case in ("bias_nan", "bias_posinf"):
+        dbias = grads[3]
+        assert (~np.isfinite(dbias)).any(-1).transpose(0, 2, 1)[c.hit].all()

@@ -78,24 +78,29 @@ def _attention_fwd(cfg: Config, q, k, v, bias, mask, qsl, kvsl):
     return (o, lse), (q, k, v, bias, mask, qsl, kvsl, o, lse)
 
 
+def reference_call(cfg: Config, q, k, v, bias, mask, qsl, kvsl, return_lse: bool):
+    """The reference on normalized inputs with cfg's static semantics: ``(o, lse)``, or ``o`` alone."""
+    window = (cfg.window_left, cfg.window_right)
+    return reference_attention(
+        q,
+        k,
+        v,
+        bias,
+        mask,
+        qsl,
+        kvsl,
+        scale=cfg.scale,
+        is_causal=cfg.is_causal,
+        window=window,
+        return_lse=return_lse,
+    )
+
+
 def _reference_vjp(cfg: Config, q, k, v, bias, mask, qsl, kvsl, do):
     """Explicit backward fallback (no backward kernel for this platform): the VJP of the reference."""
-    window = (cfg.window_left, cfg.window_right)
 
     def f(q, k, v, bias):
-        return reference_attention(
-            q,
-            k,
-            v,
-            bias,
-            mask,
-            qsl,
-            kvsl,
-            scale=cfg.scale,
-            is_causal=cfg.is_causal,
-            window=window,
-            return_lse=False,
-        )
+        return reference_call(cfg, q, k, v, bias, mask, qsl, kvsl, return_lse=False)
 
     _, vjp = jax.vjp(f, q, k, v, bias)
     return vjp(do)
