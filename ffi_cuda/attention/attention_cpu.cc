@@ -125,14 +125,15 @@ ffi::Error AttentionFwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
             s_tile[j] = in.Logit(b, n, t, s0 + j, qrow);
             m_tile = std::max(m_tile, s_tile[j]);
           }
+          // std::max drops NaN logits from the max; their exp below is NaN, so l and the row stay NaN.
           const float m_new = std::max(m, m_tile);
-          if (m_new == kNegInf) continue;          // nothing allowed yet: no exp(-inf - -inf)
-          const float corr = std::exp(m - m_new);  // m = -inf -> 0
+          const float offset = m_new == kNegInf ? 0.f : m_new;  // nothing allowed yet: no exp(-inf - -inf)
+          const float corr = std::exp(m - offset);              // m = -inf -> 0
           l *= corr;
           for (int64_t d = 0; d < D; ++d) acc[d] *= corr;
           for (int64_t j = 0; j < len; ++j) {
-            const float pj = std::exp(s_tile[j] - m_new);  // -inf -> 0
-            if (pj == 0.f) continue;
+            const float pj = std::exp(s_tile[j] - offset);  // -inf -> 0
+            if (pj == 0.f) continue;                        // masked keys: their v is never read
             l += pj;
             const float* vrow = &in.v[p.KOffset(b, s0 + j, kh)];
             for (int64_t d = 0; d < D; ++d) acc[d] += pj * vrow[d];
@@ -140,7 +141,7 @@ ffi::Error AttentionFwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
           m = m_new;
         }
         float* orow = &out[p.QOffset(b, t, n)];
-        if (l > 0.f) {
+        if (l != 0.f) {  // a NaN l (NaN or +inf logit) is not empty: NaN reaches o and lse, as in jax.nn
           const float inv = 1.f / l;
           for (int64_t d = 0; d < D; ++d) orow[d] = acc[d] * inv;
           lse_out[p.LseOffset(b, n, t)] = m + std::log(l);
@@ -179,7 +180,7 @@ ffi::Error AttentionBwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
       const int64_t kh = n / p.group;  // dK/dV of the G heads of a group land in one kv head
       for (int64_t t = 0; t < p.seqlen_q; ++t) {
         const float row_lse = lse_in[p.LseOffset(b, n, t)];
-        if (!(row_lse > kNegInf)) continue;  // empty row: no gradient (also guards a NaN lse)
+        if (row_lse == kNegInf) continue;  // empty row: no gradient; a NaN lse makes the row's gradients NaN
         const KeyRange r = in.Keys(b, t);
         const int64_t qo = p.QOffset(b, t, n);
         const float* qrow = &in.q[qo];

@@ -208,16 +208,16 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 2)
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const float l = QuadSum(row_sum[i]);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const RowEnd end = EndRow(l);
     const int64_t t = rows[i];
     if (t >= p.seqlen_q) continue;
     T* orow = o + (t - m0) * p.q_row_stride;
 #pragma unroll
     for (int dt = 0; dt < kDT; ++dt) {
-      const uint32_t packed = Mma<T>::Pack(acc_o[dt][2 * i] * inv, acc_o[dt][2 * i + 1] * inv);
+      const uint32_t packed = Mma<T>::Pack(end.Out(acc_o[dt][2 * i]), end.Out(acc_o[dt][2 * i + 1]));
       *reinterpret_cast<uint32_t*>(orow + dt * 8 + (lane & 3) * 2) = packed;
     }
-    if ((lane & 3) == 0) ptr.lse[p.LseOffset(b, n, t)] = l > 0.f ? (row_max[i] + log2f(l)) / kLog2e : -INFINITY;
+    if ((lane & 3) == 0) ptr.lse[p.LseOffset(b, n, t)] = end.empty ? -INFINITY : (row_max[i] + log2f(l)) / kLog2e;
   }
 }
 

@@ -405,13 +405,13 @@ __global__ void __launch_bounds__(384, 1)
     }
 
     // Epilogue: O / l into this warpgroup's Q rows (swizzled like the tile), then 16-byte coalesced stores.
-    float inv[2];
+    RowEnd end[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const float l = QuadSum(row_sum[i]);
-      inv[i] = l > 0.f ? 1.f / l : 0.f;
+      end[i] = EndRow(l);
       if ((lane & 3) == 0 && rows[i] < p.seqlen_q)
-        ptr.lse[p.LseOffset(b, n, rows[i])] = l > 0.f ? row_max[i] * p.scale + log2f(l) / kLog2e : -INFINITY;
+        ptr.lse[p.LseOffset(b, n, rows[i])] = end[i].empty ? -INFINITY : row_max[i] * p.scale + log2f(l) / kLog2e;
     }
     if constexpr (kPersistent) {
       // The staging below overwrites Q rows that other warps of this warpgroup read in the previous block's
@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(384, 1)
         const int chunk = (d & 63) >> 3;
         unsigned char* dst = q_rows + (d >> 6) * Tr::kQPanelBytes + r * 128 + ((chunk ^ (r & 7)) << 4) + (d & 7) * 2;
         *reinterpret_cast<uint32_t*>(dst) =
-            Mma<T>::Pack(acc_o[dt * 4 + 2 * i] * inv[i], acc_o[dt * 4 + 2 * i + 1] * inv[i]);
+            Mma<T>::Pack(end[i].Out(acc_o[dt * 4 + 2 * i]), end[i].Out(acc_o[dt * 4 + 2 * i + 1]));
       }
     }
     NamedBarrier(1 + cw, 128);

@@ -39,6 +39,9 @@
 //   Empty rows (no allowed key, or every allowed logit is -inf because of the bias): o = 0, lse = -inf, and
 //   every gradient contribution of the row is 0. (jax.nn's XLA path instead averages V uniformly there, except
 //   for padded query rows, which it zeroes too.) Never NaN from -inf - (-inf): kernels clamp the running max.
+//   NaN / Inf inputs propagate as in jax.nn: a NaN or +inf allowed logit makes the row's o and lse NaN (empty
+//   means sum of exp == 0, so a NaN sum is not empty), a -inf one drops the key; masked keys' k and bias are
+//   never read (docs/attention.md, "NaN and Inf").
 //   Math is fp32 (m, l, O accumulators, dS, dK/dV accumulation); outputs are rounded once to their dtype.
 //
 // Backward: P = exp(logit - lse) recomputed from q, k (and bias), masked before the exp;

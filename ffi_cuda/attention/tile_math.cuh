@@ -82,6 +82,16 @@ __device__ __forceinline__ void MmaPairStep(float (&x)[kNT][4], float (&y)[kNT][
   }
 }
 
+// The end of a row's online softmax, from l = its sum of exp2(logit - max) (quad-reduced): l == 0 is a row with no
+// allowed key (O = 0 whatever the tiles held, lse = -inf); a NaN l (a NaN or +inf logit, which fmaxf keeps out of
+// the max but not out of the sum) is not empty, so the NaN reaches O and lse as in jax.nn.
+struct RowEnd {
+  bool empty;
+  float inv;  // 1 / l
+  __device__ __forceinline__ float Out(float acc) const { return empty ? 0.f : acc * inv; }
+};
+__device__ __forceinline__ RowEnd EndRow(float l) { return {l == 0.f, 1.f / l}; }
+
 __device__ __forceinline__ float QuadMax(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));

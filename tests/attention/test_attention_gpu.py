@@ -7,7 +7,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_cases import SHAPES, shape_id
+from attention_cases import (
+    NONFINITE_CASES,
+    SHAPES,
+    assert_nonfinite_grads,
+    assert_nonfinite_outputs,
+    nonfinite_case,
+    shape_id,
+)
 from helpers import rel_err
 
 import jax_ops
@@ -300,3 +307,36 @@ def test_bwd_gqa_cluster(shape, kw, dtype):
     # The default Hopper backward on GQA shapes where the cluster rule picks J = 4 (G = 8) and J = 2 (G = 4,
     # more CTAs than SMs), against the fp32 reference's gradients.
     run_case(shape, dtype, grads=True, **kw)
+
+
+# The non-finite cases of test_attention_nonfinite.py on the CUDA kernels: 200 x 200 causal spans several query and
+# key tiles of both paths (the NaN / Inf sits inside a tile that also holds masked entries). Cases without a mask
+# or bias take the Hopper kernels with portable=False (fp16 at head dim 64, bf16 at 128); the others run portable.
+@pytest.mark.parametrize("case", NONFINITE_CASES)
+@pytest.mark.parametrize("dtype,D", [(jnp.float16, 64), (jnp.bfloat16, 128)])
+@pytest.mark.parametrize("portable", [False, True])
+def test_small_nonfinite_inputs(case, dtype, D, portable):
+    _needs_cuda_target()
+    c = nonfinite_case(case, 2, 200, 200, 4, 2, D, dtype=dtype)
+    a = c.args
+    kw = dict(is_causal=True, return_residual=True)
+
+    def f(q, k, v, bias, mask, q_seqlen, impl="ffi"):
+        return jax_ops.dot_product_attention(
+            q, k, v, bias, mask, query_seq_lengths=q_seqlen, implementation=impl, **kw
+        )
+
+    w = jax.random.normal(jax.random.key(7), a["q"].shape, jnp.float32)
+
+    def loss(q, k, v, bias):
+        return jnp.sum(w * f(q, k, v, bias, a["mask"], a["q_seqlen"])[0].astype(jnp.float32))
+
+    argnums = (0, 1, 2) if a["bias"] is None else (0, 1, 2, 3)
+    with attention.overrides(portable=portable):  # read at trace time: fresh jits
+        out, lse = jax.jit(f)(**a)
+        grads = jax.jit(jax.grad(loss, argnums))(a["q"], a["k"], a["v"], a["bias"])
+    e = dict(c.expected)
+    e.update({name: e[name].astype(jnp.float32) for name in ("q", "k", "v")})
+    ref, ref_lse = f(**e, impl="xla")
+    assert_nonfinite_outputs(c, out, lse, ref, ref_lse, atol=1e-2 if dtype == jnp.float16 else 3e-2)
+    assert_nonfinite_grads(c, [np.asarray(g, np.float32) for g in grads])

@@ -8,9 +8,8 @@ from jax.sharding import PartitionSpec as P
 
 from jax_ops._src import dispatch
 from jax_ops._src.attention.heuristics import unsupported_reason
-from jax_ops._src.attention.reference import dot_product_attention as reference_attention
 from jax_ops._src.attention.validation import normalize
-from jax_ops._src.attention.vjp import attention_vjp
+from jax_ops._src.attention.vjp import attention_vjp, reference_call
 
 # None: the fastest correct path (on the CPU the XLA reference, see docs/attention.md); "ffi": our kernel (the CPU
 # twin on the CPU); "xla": the jnp reference; "cudnn": jax.nn's cuDNN path, unchanged.
@@ -89,18 +88,9 @@ def dot_product_attention(
     if path == "ffi":
         o, lse = attention_vjp(cfg, q, k, v, bias, mask, qsl, kvsl)
     else:
-        o, lse = reference_attention(
-            q,
-            k,
-            v,
-            bias,
-            mask,
-            qsl,
-            kvsl,
-            scale=cfg.scale,
-            is_causal=cfg.is_causal,
-            window=(cfg.window_left, cfg.window_right),
-        )
+        # The log-sum-exp only when returned: an empty row's -inf would trip jax.debug_infs in eager mode.
+        o_lse = reference_call(cfg, q, k, v, bias, mask, qsl, kvsl, return_lse=return_residual)
+        o, lse = o_lse if return_residual else (o_lse, None)
     o = o.reshape(out_shape)
     if not return_residual:
         return o

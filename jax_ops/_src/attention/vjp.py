@@ -33,12 +33,13 @@ def _forward_split(cfg: Config, splits: int, q, k, v, qsl, kvsl):
     bias, mask, qslf, _ = fill(split_cfg, None, None, qslf, chunk_len)
     o_parts, lse_parts = fwd_op(split_cfg)(qf, kf, vf, bias, mask, qslf, chunk_len)
     lse_parts = lse_parts.reshape(B, splits, N, T)
-    top = jnp.max(lse_parts, axis=1, keepdims=True)
-    top = jnp.where(jnp.isfinite(top), top, 0.0)  # all chunks empty: weights 0, lse -inf, o 0
+    top = jnp.max(lse_parts, axis=1, keepdims=True)  # NaN when a chunk's row is NaN: it stays NaN below
+    top = jnp.where(top == -jnp.inf, 0.0, top)  # all chunks empty: weights 0, lse -inf, o 0
     w = jnp.exp(lse_parts - top)  # [B, splits, N, T]; exp(-inf) = 0 for empty chunks
     total = jnp.sum(w, axis=1)  # [B, N, T]
-    lse = jnp.where(total > 0, jnp.log(jnp.where(total > 0, total, 1.0)) + top[:, 0], -jnp.inf)
-    w = w / jnp.where(total > 0, total, 1.0)[:, None]
+    empty = total == 0
+    lse = jnp.where(empty, -jnp.inf, jnp.log(jnp.where(empty, 1.0, total)) + top[:, 0])
+    w = w / jnp.where(empty, 1.0, total)[:, None]
     o_parts = o_parts.reshape(B, splits, T, N, D).astype(jnp.float32)
     o = jnp.einsum("bsnt,bstnd->btnd", w, o_parts, precision=jax.lax.Precision.HIGHEST)
     return o.astype(q.dtype), lse.astype(jnp.float32)
@@ -77,14 +78,29 @@ def _attention_fwd(cfg: Config, q, k, v, bias, mask, qsl, kvsl):
     return (o, lse), (q, k, v, bias, mask, qsl, kvsl, o, lse)
 
 
+def reference_call(cfg: Config, q, k, v, bias, mask, qsl, kvsl, return_lse: bool):
+    """The reference on normalized inputs with cfg's static semantics: ``(o, lse)``, or ``o`` alone."""
+    window = (cfg.window_left, cfg.window_right)
+    return reference_attention(
+        q,
+        k,
+        v,
+        bias,
+        mask,
+        qsl,
+        kvsl,
+        scale=cfg.scale,
+        is_causal=cfg.is_causal,
+        window=window,
+        return_lse=return_lse,
+    )
+
+
 def _reference_vjp(cfg: Config, q, k, v, bias, mask, qsl, kvsl, do):
     """Explicit backward fallback (no backward kernel for this platform): the VJP of the reference."""
-    window = (cfg.window_left, cfg.window_right)
 
     def f(q, k, v, bias):
-        return reference_attention(
-            q, k, v, bias, mask, qsl, kvsl, scale=cfg.scale, is_causal=cfg.is_causal, window=window
-        )[0]
+        return reference_call(cfg, q, k, v, bias, mask, qsl, kvsl, return_lse=False)
 
     _, vjp = jax.vjp(f, q, k, v, bias)
     return vjp(do)
