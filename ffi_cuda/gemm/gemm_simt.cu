@@ -31,14 +31,17 @@ template <typename T>
 using ComputeOf = std::conditional_t<std::is_same_v<T, double>, double,
                                      std::conditional_t<std::is_same_v<T, int8_t>, int32_t, float>>;
 
-template <typename C>
-struct SimtSmem {
-  C a[2][kBK][kBM + kPad];
-  C b[2][kBK][kBN + kPad];
-};
-// Accumulator rows staged per epilogue pass: they fill the operand tiles' space exactly.
+// Accumulator rows staged per epilogue pass (a quarter of the tile): they fit in the operand tiles' space.
 constexpr int kStageRows = 32;
-static_assert(kStageRows * (kBN + kPad) <= 2 * kBK * (kBM + kPad) + 2 * kBK * (kBN + kPad));
+
+template <typename C>
+union SimtSmem {
+  struct {
+    C a[2][kBK][kBM + kPad];
+    C b[2][kBK][kBN + kPad];
+  } tiles;
+  C stage[kStageRows][kBN + kPad];
+};
 
 template <typename C>
 __device__ __forceinline__ void MulAdd(C& acc, C x, C y) {
@@ -138,20 +141,19 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<TA, double> ? 1 : 2) 
   const bool up_half = gated && b_col >= kBN / 2;
   const TB* b_src = static_cast<const TB*>(p.gated == Gated::kSeparate && up_half ? p.b_up : p.b);
   if (up_half && p.gated == Gated::kPacked) b_src += p.up_offset;
-  const int64_t b_n0 =
-      n0 - (up_half ? kBN / 2 : 0);  // so that column b_col of the tile is output column n0 + b_col % 64
+  // The loader's index of tile column c: n0 + c, or n0 + c - 64 in a gated tile's up half (the up weight's column).
+  const int64_t b_n0 = n0 - (up_half ? kBN / 2 : 0);
 
   for (int64_t batch = blockIdx.z; batch < p.batch; batch += gridDim.z) {
     const TA* a = static_cast<const TA*>(p.a) + batch * p.a_batch_stride;
     const TB* b = b_src + batch * p.b_batch_stride;
     for (int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM; m0 < p.m; m0 += static_cast<int64_t>(gridDim.y) * kBM) {
       const OperandLoader<TA> la = MakeLoader(a, m0, p.m, p.lda, !p.transpose_a, kBM + kPad);
-      // Gated: the up half's loader sees columns 64..127 as n0.. (b_n0 = n0 - 64), bounded by N + 64 there.
-      const OperandLoader<TB> lb = MakeLoader(b, b_n0, p.n + (up_half ? kBN / 2 : 0), p.ldb, p.transpose_b, kBN + kPad);
+      const OperandLoader<TB> lb = MakeLoader(b, b_n0, p.n, p.ldb, p.transpose_b, kBN + kPad);
       C ra[4], rb[4];
       auto store = [&](int buf) {
-        C* sa = &smem.a[buf][0][0] + la.smem_off;
-        C* sb = &smem.b[buf][0][0] + lb.smem_off;
+        C* sa = &smem.tiles.a[buf][0][0] + la.smem_off;
+        C* sb = &smem.tiles.b[buf][0][0] + lb.smem_off;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           sa[j * la.smem_step] = ra[j];
@@ -179,10 +181,10 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<TA, double> ? 1 : 2) 
 #pragma unroll
         for (int kk = 0; kk < kBK; ++kk) {
           C fa[8], fb[8];
-          Load4(&smem.a[buf][kk][ty * 4], fa, 0);
-          Load4(&smem.a[buf][kk][kBM / 2 + ty * 4], fa, 4);
-          Load4(&smem.b[buf][kk][tx * 4], fb, 0);
-          Load4(&smem.b[buf][kk][kBN / 2 + tx * 4], fb, 4);
+          Load4(&smem.tiles.a[buf][kk][ty * 4], fa, 0);
+          Load4(&smem.tiles.a[buf][kk][kBM / 2 + ty * 4], fa, 4);
+          Load4(&smem.tiles.b[buf][kk][tx * 4], fb, 0);
+          Load4(&smem.tiles.b[buf][kk][kBN / 2 + tx * 4], fb, 4);
 #pragma unroll
           for (int i = 0; i < 8; ++i)
 #pragma unroll
@@ -195,21 +197,21 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<TA, double> ? 1 : 2) 
 
       // Epilogue through shared memory (the operand tiles' space), a quarter of the rows per pass: rolled loops over
       // coalesced columns instead of 64 unrolled element epilogues (their register demand would spill the mainloop).
-      C* stage = &smem.a[0][0][0];  // kStageRows x (kBN + kPad), row r: tile row (r / 16) * 64 + (r % 16) * 4 + q
+      // Stage row r of pass q is tile row (r / 16) * 64 + (r % 16) * 4 + q.
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
           for (int j = 0; j < 8; ++j)
-            stage[(h * 16 + ty) * (kBN + kPad) + (j < 4 ? tx * 4 + j : kBN / 2 + tx * 4 + j - 4)] = acc[h * 4 + q][j];
+            smem.stage[h * 16 + ty][j < 4 ? tx * 4 + j : kBN / 2 + tx * 4 + j - 4] = acc[h * 4 + q][j];
         __syncthreads();
         const int out_cols = gated ? kBN / 2 : kBN;
         for (int e = tid; e < kStageRows * out_cols; e += kThreads) {
           const int r = e / out_cols, col = e % out_cols;
           const int64_t m = m0 + (r / 16) * (kBM / 2) + (r % 16) * 4 + q, n = n0 + col;
           if (m >= p.m || n >= p.n) continue;
-          const C* row = stage + r * (kBN + kPad);
+          const C* row = smem.stage[r];
           if (gated)
             StoreGated<TO, Acc>(p, batch, m, n, Acc(row[col]), Acc(row[col + kBN / 2]));
           else

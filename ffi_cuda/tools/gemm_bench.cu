@@ -427,6 +427,7 @@ bool RunCase(const Case& c, const std::string& group, std::mt19937& rng) {
   if (c.twice) {  // deterministic: a second run writes the same bits
     const std::vector<uint8_t> first = o.out.bytes, first_pre = o.preact.bytes;
     CHECK(cudaMemset(o.out.dev, 0xff, o.out.bytes.size()));
+    if (c.preact) CHECK(cudaMemset(o.preact.dev, 0xff, o.preact.bytes.size()));
     CHECK(LaunchPlan(chosen, p, c.split));
     CHECK(cudaDeviceSynchronize());
     o.out.Download();
