@@ -47,10 +47,13 @@ constexpr unsigned kMaxGridY = 65535;       // batches per launch row; more loop
 // K chunks in flight per warp: as many as the register budget allows (128 a thread at 2 CTAs per SM for M <= 16).
 constexpr int kUnrollFor(int mt) { return mt == 2 || mt == 8 ? 2 : 4; }
 
-// Shared memory: the warps' partial tiles, then (clusters only) the slices pushed by each CTA of the cluster.
+// Shared memory: kSlots partial tiles (the warps' tree reduction), then, where clusters can run, the slices pushed by
+// each CTA of the cluster (both roles).
+constexpr int kSlots = kWarps / 2;
 constexpr int SlotFloats(int mt) { return mt * 8 * kSlotStride; }
 constexpr int TileQuads(int mt) { return mt * 8 * kTileCols / 4; }  // float4 groups of one role's tile
-constexpr int SmemBytes(int mt) { return (kWarps * SlotFloats(mt) + 2 * TileQuads(mt) * 4) * 4; }
+constexpr int SlotBytes(int mt) { return kSlots * SlotFloats(mt) * 4; }
+constexpr int RecvBytes(int mt) { return 2 * TileQuads(mt) * 16; }
 
 struct SkinnyConfig {
   int split = 1;       // S: CTAs per cluster along K (gridDim.x = tiles * S)
@@ -98,12 +101,40 @@ __device__ __forceinline__ uint2 LoadTokens(const KernelArgs& p, const T* a, int
   return make_uint2(e[0] | (e[1] << 16), e[2] | (e[3] << 16));
 }
 
+// A warp's partial tile in a slot ([token][column], kSlotStride floats a row): accumulator i of mma (j, mt) is column
+// 8g + 2j + i / 2, token mt * 8 + 2t + i % 2. SlotAdd adds a slot back into the accumulators (the same mapping).
+template <int kMT>
+__device__ __forceinline__ void SlotStore(const float (&acc)[4][kMT][4], float* slot, int g, int t) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int par = 0; par < 2; ++par) {
+      float* row = slot + (mt * 8 + 2 * t + par) * kSlotStride + 8 * g;
+      *reinterpret_cast<float4*>(row) =
+          make_float4(acc[0][mt][par], acc[0][mt][par + 2], acc[1][mt][par], acc[1][mt][par + 2]);
+      *reinterpret_cast<float4*>(row + 4) =
+          make_float4(acc[2][mt][par], acc[2][mt][par + 2], acc[3][mt][par], acc[3][mt][par + 2]);
+    }
+}
+template <int kMT>
+__device__ __forceinline__ void SlotAdd(float (&acc)[4][kMT][4], const float* slot, int g, int t) {
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int par = 0; par < 2; ++par) {
+      const float* row = slot + (mt * 8 + 2 * t + par) * kSlotStride + 8 * g;
+      const float4 lo = *reinterpret_cast<const float4*>(row), hi = *reinterpret_cast<const float4*>(row + 4);
+      acc[0][mt][par] += lo.x, acc[0][mt][par + 2] += lo.y, acc[1][mt][par] += lo.z, acc[1][mt][par + 2] += lo.w;
+      acc[2][mt][par] += hi.x, acc[2][mt][par + 2] += hi.y, acc[3][mt][par] += hi.z, acc[3][mt][par + 2] += hi.w;
+    }
+}
+
 template <typename T, typename TO, int kMT>
 __global__ void __launch_bounds__(kThreads, kMT <= 2 ? 2 : 1) SkinnyKernel(const KernelArgs p, const SkinnyConfig cfg) {
   constexpr int kUnroll = kUnrollFor(kMT);
   extern __shared__ float4 smem_quads[];
   float* slots = reinterpret_cast<float*>(smem_quads);
-  float4* recv = smem_quads + kWarps * SlotFloats(kMT) / 4;
+  float4* recv = smem_quads + kSlots * SlotFloats(kMT) / 4;  // only with split > 1
 #if !JAX_OPS_SM90
   if (cfg.split > 1) __trap();  // the host launches clusters only for sm_90a machine code
 #endif
@@ -165,29 +196,23 @@ __global__ void __launch_bounds__(kThreads, kMT <= 2 ? 2 : 1) SkinnyKernel(const
       }
     }
 
-    // The warp's partial tile: accumulator i of mma (j, mt) is column 8g + 2j + i / 2, token mt * 8 + 2t + i % 2.
-    float* slot = slots + warp * SlotFloats(kMT);
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int par = 0; par < 2; ++par) {
-        float* row = slot + (mt * 8 + 2 * t + par) * kSlotStride + 8 * g;
-        *reinterpret_cast<float4*>(row) =
-            make_float4(acc[0][mt][par], acc[0][mt][par + 2], acc[1][mt][par], acc[1][mt][par + 2]);
-        *reinterpret_cast<float4*>(row + 4) =
-            make_float4(acc[2][mt][par], acc[2][mt][par + 2], acc[3][mt][par], acc[3][mt][par + 2]);
-      }
+    // The CTA's sum over the warps of each role, as a fixed tree (deterministic): in round `half`, warps
+    // [half, 2 half) of the role store their partial to a slot, warps [0, half) add it. The role's total ends in
+    // its first slot.
+    const int slots_per_role = warps_per_role / 2;
+    float* role_slots = slots + role * slots_per_role * SlotFloats(kMT);
+    for (int half = slots_per_role; half >= 1; half /= 2) {
+      if (kgroup >= half && kgroup < 2 * half) SlotStore(acc, role_slots + (kgroup - half) * SlotFloats(kMT), g, t);
+      __syncthreads();
+      if (kgroup < half) SlotAdd(acc, role_slots + kgroup * SlotFloats(kMT), g, t);
+      __syncthreads();
+    }
+    if (kgroup == 0) SlotStore(acc, role_slots, g, t);
     __syncthreads();
-
-    // The CTA's sum of one role's float4 group q (token q / 16, columns 4 (q % 16)..): the role's warps in order.
+    // Float4 group q of role r's CTA total: token q / 16, columns 4 (q % 16)...
     auto cta_sum = [&](int r, int q) {
-      const int off = (q / 16) * kSlotStride + (q % 16) * 4;
-      float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int wi = 0; wi < warps_per_role; ++wi) {
-        const float4 v = *reinterpret_cast<const float4*>(slots + (r * warps_per_role + wi) * SlotFloats(kMT) + off);
-        s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-      }
-      return s;
+      return *reinterpret_cast<const float4*>(slots + r * slots_per_role * SlotFloats(kMT) + (q / 16) * kSlotStride +
+                                              (q % 16) * 4);
     };
     auto epilogue = [&](int q, const float4& s0, const float4& s1) {
       const int64_t m = q / 16, n = n0 + (q % 16) * 4;
@@ -234,32 +259,42 @@ __global__ void __launch_bounds__(kThreads, kMT <= 2 ? 2 : 1) SkinnyKernel(const
   }
 }
 
-// Per device and instantiation: resident CTAs per SM, and the largest cluster split that fits (1 without sm_90a
-// machine code). Asked once (thread-safe); a failed query reports 0 CTAs (the launch then fails visibly).
+// Per device and instantiation: the dynamic shared memory (the slots, plus the receive buffer where clusters can
+// run: sm_90a machine code on an sm_90 device), resident CTAs per SM, and the largest cluster split that fits.
+// Asked once (thread-safe). ctas_per_sm == 0: the kernel does not fit this device (e.g. too little shared memory).
 struct SkinnyFit {
+  int smem_bytes = 0;
   int ctas_per_sm = 0;
   int max_split = 1;
 };
 
-template <typename Kernel>
-SkinnyFit QueryFit(Kernel kernel, int smem_bytes) {
+template <int kMT, typename Kernel>
+SkinnyFit QueryFit(Kernel kernel) {
   static std::mutex mu;
   static std::map<std::pair<int, const void*>, SkinnyFit> cache;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return {};
+  int dev = 0, cc_major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+    return {};
   const auto key = std::make_pair(dev, reinterpret_cast<const void*>(kernel));
   std::lock_guard<std::mutex> lock(mu);
   const auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   SkinnyFit fit;
   cudaFuncAttributes attr{};
-  if (SetDynamicSmemOnce(reinterpret_cast<const void*>(kernel), smem_bytes) != cudaSuccess ||
-      cudaFuncGetAttributes(&attr, kernel) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit.ctas_per_sm, kernel, kThreads, smem_bytes) != cudaSuccess) {
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
     cudaGetLastError();
     return {};
   }
-  for (int s = 2; attr.binaryVersion >= 90 && s <= kSkinnyMaxSplit; s *= 2) {
+  const bool clusters = attr.binaryVersion >= 90 && cc_major >= 9;
+  fit.smem_bytes = SlotBytes(kMT) + (clusters ? RecvBytes(kMT) : 0);
+  if (SetDynamicSmemOnce(reinterpret_cast<const void*>(kernel), fit.smem_bytes) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit.ctas_per_sm, kernel, kThreads, fit.smem_bytes) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    fit.ctas_per_sm = 0;
+  }
+  for (int s = 2; clusters && fit.ctas_per_sm > 0 && s <= kSkinnyMaxSplit; s *= 2) {
     cudaLaunchAttribute cluster;
     cluster.id = cudaLaunchAttributeClusterDimension;
     cluster.val.clusterDim.x = s;
@@ -268,15 +303,15 @@ SkinnyFit QueryFit(Kernel kernel, int smem_bytes) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(s * 64);
     cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem_bytes;
+    cfg.dynamicSmemBytes = fit.smem_bytes;
     cfg.attrs = &cluster;
     cfg.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+    int active = 0;
+    if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) != cudaSuccess) {
       cudaGetLastError();
       break;
     }
-    if (clusters == 0) break;
+    if (active == 0) break;
     fit.max_split = s;
   }
   cache.emplace(key, fit);
@@ -288,9 +323,8 @@ bool Aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(pt
 template <typename T, typename TO, int kMT>
 cudaError_t LaunchTyped(const KernelArgs& p, int num_sms, int forced_split, cudaStream_t stream, int* used_split) {
   const auto kernel = SkinnyKernel<T, TO, kMT>;
-  constexpr int kSmem = SmemBytes(kMT);
-  const SkinnyFit fit = QueryFit(kernel, kSmem);
-  if (fit.ctas_per_sm == 0) return cudaErrorInvalidConfiguration;
+  const SkinnyFit fit = QueryFit<kMT>(kernel);
+  if (fit.ctas_per_sm == 0) return cudaErrorNotSupported;  // refused before launching: the caller falls back
   const int64_t tiles = (p.n + kTileCols - 1) / kTileCols, rows = std::min<int64_t>(p.batch, kMaxGridY);
   const int warps_per_split = p.gated != Gated::kNone ? kWarps / 2 : kWarps;
   SkinnyConfig cfg;
@@ -309,7 +343,7 @@ cudaError_t LaunchTyped(const KernelArgs& p, int num_sms, int forced_split, cuda
   cfg.a_vec = !p.transpose_a && Aligned(p.a, 8) && p.lda % 4 == 0 && p.a_batch_stride % 4 == 0;
   const dim3 grid(static_cast<unsigned>(tiles * cfg.split), static_cast<unsigned>(rows));
   if (cfg.split == 1) {
-    kernel<<<grid, kThreads, kSmem, stream>>>(p, cfg);
+    kernel<<<grid, kThreads, fit.smem_bytes, stream>>>(p, cfg);
     return cudaGetLastError();
   }
   cudaLaunchAttribute cluster;
@@ -320,7 +354,7 @@ cudaError_t LaunchTyped(const KernelArgs& p, int num_sms, int forced_split, cuda
   cudaLaunchConfig_t launch{};
   launch.gridDim = grid;
   launch.blockDim = dim3(kThreads);
-  launch.dynamicSmemBytes = kSmem;
+  launch.dynamicSmemBytes = fit.smem_bytes;
   launch.stream = stream;
   launch.attrs = &cluster;
   launch.numAttrs = 1;

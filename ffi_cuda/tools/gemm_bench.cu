@@ -1,6 +1,7 @@
 // Standalone check + timing of the CUDA GEMM kernels (no Python, no cuBLAS): the library's kernels
 // (gemm_simt.cu, gemm_skinny.cu, gemm_sm90.cu, linked from ffi_cuda/gemm/sources.cmake's kernel list) driven
-// through the handler's own steps (FoldBatch, ChoosePlan of gemm/heuristics.h), against an fp64 host reference.
+// through the handler's own launch path (gemm/dispatch.h: FoldBatch, ChoosePlan, launch), against an fp64 host
+// reference.
 // Built by ffi_cuda/tools/CMakeLists.txt (-DJAX_OPS_TOOLS=ON) into <build>/bin/gemm_bench.
 // Usage: gemm_bench [small|time|all]
 //   small: every plan on small odd shapes (M 1/17/64/129, N 17/256/1000, K 0/1/17/64/1000), gated and not,
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "common/dtype_traits.h"
+#include "gemm/dispatch.h"
 #include "gemm/epilogue.h"
 #include "gemm/heuristics.h"
 #include "gemm/kernels.h"
@@ -358,16 +360,23 @@ double MaxError(const std::vector<double>& got, const std::vector<double>& ref) 
   return worst;
 }
 
-cudaError_t LaunchPlan(Plan plan, const KernelArgs& p, int split) {
-  switch (plan) {
-    case Plan::kSm90:
-      return LaunchSm90(p, g_sms, nullptr);
-    case Plan::kSkinny:
-      return LaunchSkinnyWithSplit(p, g_sms, split, nullptr, nullptr);
-    default:
-      return LaunchSimt(p, nullptr);
-  }
+// One kernel launched directly (timing): the skinny kernel with cluster split `split` (0: the rule's).
+cudaError_t LaunchDirect(Plan plan, const KernelArgs& p, int split) {
+  if (plan == Plan::kSkinny) return LaunchSkinnyWithSplit(p, g_sms, split, nullptr, nullptr);
+  return LaunchPlan(plan, p, g_sms, nullptr);
 }
+
+// The handler's path (dispatch.h); with a forced skinny split, the same steps with LaunchSkinnyWithSplit.
+xla::ffi::Error RunLikeHandler(const Case& c, KernelArgs p) {
+  if (c.split == 0) return Dispatch(p, c.plan, g_cc_major, g_sms, nullptr);
+  FoldBatch(&p);
+  Plan chosen = Plan::kSimt;
+  JAX_OPS_RETURN_IF_ERROR(ChoosePlan(p, c.plan, g_cc_major, &chosen));
+  JAX_OPS_RETURN_IF_CUDA_ERROR(LaunchSkinnyWithSplit(p, g_sms, c.split, nullptr, nullptr));
+  return xla::ffi::Error::Success();
+}
+
+bool IsRefusal(const xla::ffi::Error& e) { return e.errc() == xla::ffi::ErrorCode::kInvalidArgument; }
 
 struct Group {
   int cases = 0, refused = 0, skipped = 0, fails = 0;
@@ -380,41 +389,33 @@ void Fail(const Case& c, const std::string& why) {
   if (g_fail_lines++ < 60) std::printf("FAIL %s: %s\n", Describe(c).c_str(), why.c_str());
 }
 
-// Runs one case as the handler would (FoldBatch, ChoosePlan, launch); false on a failure.
+// Runs one case as the handler would; false on a failure.
 bool RunCase(const Case& c, const std::string& group, std::mt19937& rng) {
   Group& g = g_groups[group];
   ++g.cases;
   g.tol = Tolerance(c.out);
   Operands o;
   MakeOperands(c, &o, rng);
-  KernelArgs p = MakeArgs(c, o);
-  FoldBatch(&p);
-  Plan chosen = Plan::kSimt;
-  const xla::ffi::Error choice = ChoosePlan(p, c.plan, g_cc_major, &chosen);
+  const KernelArgs p = MakeArgs(c, o);
+  const xla::ffi::Error run = RunLikeHandler(c, p);
   if (c.expect_refusal) {
-    if (choice.success()) {
+    if (!IsRefusal(run)) {
       ++g.fails;
-      Fail(c, "the forced plan accepted a problem it must refuse");
+      Fail(c, "the forced plan did not refuse a problem it cannot run: " + (run.success() ? "ran" : run.message()));
       return false;
     }
-    if (g.refused++ == 0) std::printf("      refused as expected: %s\n", choice.message().c_str());
+    if (g.refused++ == 0) std::printf("      refused as expected: %s\n", run.message().c_str());
     return true;
   }
-  if (!choice.success()) {
-    if (c.plan == Plan::kSm90) {  // the Hopper kernel's support set is its own (Sm90Supports): counted, not failed
-      ++g.skipped;
-      return true;
-    }
-    ++g.fails;
-    Fail(c, "refused: " + choice.message());
-    return false;
+  if (IsRefusal(run) && c.plan == Plan::kSm90) {  // the Hopper kernel's support set is its own: counted, not failed
+    ++g.skipped;
+    return true;
   }
-  cudaError_t err = LaunchPlan(chosen, p, c.split);
-  if (err == cudaSuccess) err = cudaDeviceSynchronize();
-  if (err != cudaSuccess) {
+  const cudaError_t sync = run.success() ? cudaDeviceSynchronize() : cudaSuccess;
+  if (!run.success() || sync != cudaSuccess) {
     ++g.fails;
-    Fail(c, std::string("launch: ") + cudaGetErrorString(err));
-    if (err != cudaErrorNotSupported && err != cudaErrorInvalidValue) std::exit(1);  // sticky errors end the run
+    Fail(c, run.success() ? std::string("kernel: ") + cudaGetErrorString(sync) : run.message());
+    if (sync != cudaSuccess || !IsRefusal(run)) std::exit(1);  // a CUDA error may be sticky: end the run here
     return false;
   }
   o.out.Download();
@@ -428,7 +429,8 @@ bool RunCase(const Case& c, const std::string& group, std::mt19937& rng) {
     const std::vector<uint8_t> first = o.out.bytes, first_pre = o.preact.bytes;
     CHECK(cudaMemset(o.out.dev, 0xff, o.out.bytes.size()));
     if (c.preact) CHECK(cudaMemset(o.preact.dev, 0xff, o.preact.bytes.size()));
-    CHECK(LaunchPlan(chosen, p, c.split));
+    const xla::ffi::Error again = RunLikeHandler(c, p);
+    if (!again.success()) Fail(c, "second run: " + again.message());
     CHECK(cudaDeviceSynchronize());
     o.out.Download();
     if (c.preact) o.preact.Download();
@@ -768,7 +770,7 @@ struct Timed {
   double SampledError(Plan plan, int split, int samples = 48) {
     Select(0);
     CHECK(cudaMemset(out, 0xff, static_cast<size_t>(c.batch * c.m * c.n) * ElemBytes(c.out)));
-    CHECK(LaunchPlan(plan, args, split));
+    CHECK(LaunchDirect(plan, args, split));
     CHECK(cudaDeviceSynchronize());
     const std::vector<double> A = DownloadValues(c.a, a, c.batch * c.m * c.k);
     const std::vector<double> W = DownloadValues(c.b, b[0], b_elems);
@@ -900,7 +902,7 @@ void TimeTiled(Plan plan) {
                   (long long)s.n, (long long)s.k);
       continue;
     }
-    const double us = MedianUs([&](int) { CHECK(LaunchPlan(plan, t.args, 0)); }, 5);
+    const double us = MedianUs([&](int) { CHECK(LaunchDirect(plan, t.args, 0)); }, 5);
     const double err = t.SampledError(plan, 0);
     std::printf("  %-13s M=%-5lld N=%-5lld K=%-5lld %-9s %9.1f us %7.1f TFLOP/s | err %.1e\n", Name(s.dt),
                 (long long)s.m, (long long)s.n, (long long)s.k, s.bias_gelu ? "bias+gelu" : "plain", us,
