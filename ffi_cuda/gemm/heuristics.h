@@ -25,20 +25,25 @@ inline void FoldBatch(KernelArgs* args) {
 }
 
 // ---------------------------------------------------------------------------------------- skinny kernel
-inline constexpr int64_t kSkinnyMaxM = 64;  // its accumulators hold at most 64 rows of op(a) (8 mma token tiles)
-inline constexpr int kSkinnyMaxSplit = 8;   // CTAs per cluster sharing a column tile's K (the portable cluster size)
+inline constexpr int64_t kSkinnyMaxM = 64;     // its accumulators hold at most 64 rows of op(a) (8 mma token tiles)
+inline constexpr int64_t kSkinnyMaxMFp8 = 16;  // fp8: twice the columns per lane; more rows would spill
+inline constexpr int kSkinnyMaxSplit = 8;      // CTAs per cluster sharing a column tile's K (the portable cluster size)
 // Fewest 16-deep K chunks per warp when splitting K over more CTAs: below that a CTA's time goes to its reduction.
 inline constexpr int64_t kSkinnyMinChunksPerWarp = 4;
 
 // Why the skinny kernel cannot run `args` (nullptr: it can). It streams b [K, N] along N (a transposed b has K
-// contiguous: the SIMT kernel takes it) through 16-bit mma.sync, and keeps at most kSkinnyMaxM rows.
+// contiguous: the SIMT kernel takes it) through mma.sync on 16-bit or fp8 operands, and keeps at most kSkinnyMaxM
+// (fp8: kSkinnyMaxMFp8) rows.
 inline const char* SkinnyRefusal(const KernelArgs& args) {
   const bool half = args.a_dtype == ffi::DataType::F16 || args.a_dtype == ffi::DataType::BF16;
-  if (!half || args.b_dtype != args.a_dtype) return "it takes float16 or bfloat16 a and b";
-  if (args.out_dtype != args.a_dtype && args.out_dtype != ffi::DataType::F32)
+  const bool fp8 = IsFp8(args.a_dtype) && IsFp8(args.b_dtype);
+  if (!fp8 && (!half || args.b_dtype != args.a_dtype)) return "it takes float16, bfloat16 or fp8 a and b";
+  if (half && args.out_dtype != args.a_dtype && args.out_dtype != ffi::DataType::F32)
     return "it writes the input dtype or float32";
   if (args.transpose_b) return "it streams b with N contiguous (transpose_b=False)";
-  if (args.m > kSkinnyMaxM) return "it takes at most 64 rows of op(a) (after folding the batch)";
+  if (args.m > (fp8 ? kSkinnyMaxMFp8 : kSkinnyMaxM))
+    return fp8 ? "it takes at most 16 rows of op(a) with fp8 (after folding the batch)"
+               : "it takes at most 64 rows of op(a) (after folding the batch)";
   return nullptr;
 }
 

@@ -3,6 +3,7 @@
 set(JAX_OPS_GEMM_KERNEL_SOURCES
   "${CMAKE_CURRENT_LIST_DIR}/gemm_simt.cu"
   "${CMAKE_CURRENT_LIST_DIR}/gemm_skinny.cu"
+  "${CMAKE_CURRENT_LIST_DIR}/gemm_skinny_fp8.cu"
   "${CMAKE_CURRENT_LIST_DIR}/gemm_sm90_stub.cu"
 )
 list(APPEND JAX_OPS_CUDA_SOURCES

@@ -459,7 +459,9 @@ struct Types {
 // The (a, b, out) dtypes each plan takes (params.h): the first is the plan's main type, swept over every shape.
 std::vector<Types> PlanTypes(Plan plan) {
   const DT e4 = DT::F8E4M3FN, e5 = DT::F8E5M2, f16 = DT::F16, bf16 = DT::BF16, f32 = DT::F32;
-  if (plan == Plan::kSkinny) return {{bf16, bf16, bf16}, {f16, f16, f16}, {bf16, bf16, f32}, {f16, f16, f32}};
+  if (plan == Plan::kSkinny)
+    return {{bf16, bf16, bf16}, {f16, f16, f16}, {bf16, bf16, f32}, {f16, f16, f32},
+            {e4, e4, bf16},     {e4, e5, f16},   {e5, e4, f32},     {e5, e5, bf16}};
   std::vector<Types> t = {
       {plan == Plan::kSimt ? f32 : bf16, plan == Plan::kSimt ? f32 : bf16, plan == Plan::kSimt ? f32 : bf16},
       {f16, f16, f16},
@@ -478,9 +480,11 @@ std::vector<Types> PlanTypes(Plan plan) {
 // documentation, so the harness checks the rule rather than repeating it). sm90: not known here (skips counted).
 bool SkinnyTakes(const Case& c) {
   const bool half = c.a == DT::F16 || c.a == DT::BF16;
+  const bool fp8 = IsFp8(c.a) && IsFp8(c.b);
   const bool folds = c.batch_b == 1 && !c.ta && c.a_scale != 2;
   const int64_t rows = folds ? c.batch * c.m : c.m;
-  return half && c.b == c.a && (c.out == c.a || c.out == DT::F32) && !c.tb && rows <= 64;
+  const bool types = fp8 || (half && c.b == c.a && (c.out == c.a || c.out == DT::F32));
+  return types && !c.tb && rows <= (fp8 ? 16 : 64);
 }
 
 // Epilogue / layout options from a running variant number, spread so that every option meets every plan.
@@ -562,10 +566,11 @@ bool RunSmall() {
     if (!skinny) continue;
     // Skinny: every cluster split (bit-equal reruns), plain and gated, M in each token-tile instantiation.
     for (int split : {1, 2, 4, 8})
-      for (int64_t m : {1, 16, 32, 64})
+      for (int64_t m : {1, 16, 32, 64, -1, -16})  // negative: fp8 (e4m3 weights, e5m2 tokens) with |m| rows
         for (int gated = 0; gated < 3; ++gated) {
           Case c;
           c.a = c.b = c.out = DT::BF16;
+          if (m < 0) c.a = DT::F8E5M2, c.b = DT::F8E4M3FN, m = -m;
           c.m = m, c.n = 200, c.k = 2050;
           Vary(&c, v++, false);
           c.batch = c.batch_b = 1;
@@ -577,13 +582,14 @@ bool RunSmall() {
           run(c, "splits");
         }
     // Unaligned operands (scalar load paths): pointers off by one element, odd N / K.
-    for (int mis = 0; mis < 4; ++mis) {
+    for (int mis = 0; mis < 8; ++mis) {
       Case c;
       c.a = c.b = c.out = DT::F16;
-      c.m = 9, c.n = mis < 2 ? 256 : 203, c.k = mis % 2 ? 333 : 256;
+      if (mis >= 4) c.a = c.b = DT::F8E4M3FN;  // fp8: 16-byte rows need N % 16 == 0, 8-byte tokens K % 8 == 0
+      c.m = 9, c.n = mis % 4 < 2 ? 256 : 203, c.k = mis % 2 ? 333 : 256;
       Vary(&c, v++, false);
       c.ta = false, c.batch = c.batch_b = 1;
-      c.misalign_a = mis & 1, c.misalign_b = mis != 0;
+      c.misalign_a = mis & 1, c.misalign_b = mis % 4 != 0;
       run(c, "unaligned");
     }
     // Batch folding: B = 3 sharing b folds into M = 3 * 20 (skinny); per-row a_scale or B = 3 with its own b do not.
@@ -822,26 +828,39 @@ void CheckSampled(const char* what, double err, DT out) {
 
 void TimeSkinny(double copy_tbps) {
   const size_t rotate = 4 * std::max<size_t>(g_l2_bytes, 50u << 20);
-  std::printf("skinny (bf16, weights rotated over %zu MB; copy bandwidth %.2f TB/s):\n", rotate >> 20, copy_tbps);
+  std::printf("skinny (weights rotated over %zu MB; copy bandwidth %.2f TB/s):\n", rotate >> 20, copy_tbps);
   struct Shape {
     int64_t m, n, k;
     Gated gated;
+    DT dt = DT::BF16;
   };
-  const Shape shapes[] = {
-      {1, 4096, 4096, Gated::kNone},     {16, 4096, 4096, Gated::kNone},      {64, 4096, 4096, Gated::kNone},
-      {1, 11008, 4096, Gated::kNone},    {16, 11008, 4096, Gated::kNone},     {64, 11008, 4096, Gated::kNone},
-      {4, 14336, 8192, Gated::kNone},    {1, 11008, 4096, Gated::kSeparate},  {16, 11008, 4096, Gated::kSeparate},
-      {16, 11008, 4096, Gated::kPacked}, {64, 11008, 4096, Gated::kSeparate}, {16, 14336, 4096, Gated::kSeparate}};
+  const Shape shapes[] = {{1, 4096, 4096, Gated::kNone},
+                          {16, 4096, 4096, Gated::kNone},
+                          {64, 4096, 4096, Gated::kNone},
+                          {1, 11008, 4096, Gated::kNone},
+                          {16, 11008, 4096, Gated::kNone},
+                          {64, 11008, 4096, Gated::kNone},
+                          {4, 14336, 8192, Gated::kNone},
+                          {1, 11008, 4096, Gated::kSeparate},
+                          {16, 11008, 4096, Gated::kSeparate},
+                          {16, 11008, 4096, Gated::kPacked},
+                          {64, 11008, 4096, Gated::kSeparate},
+                          {16, 14336, 4096, Gated::kSeparate},
+                          {1, 11008, 4096, Gated::kNone, DT::F8E4M3FN},
+                          {16, 11008, 4096, Gated::kNone, DT::F8E4M3FN},
+                          {16, 11008, 4096, Gated::kSeparate, DT::F8E4M3FN}};
   for (const Shape& s : shapes) {
     Case c;
     c.plan = Plan::kSkinny;
-    c.a = c.b = c.out = DT::BF16;
+    c.a = c.b = s.dt;
+    c.out = DT::BF16;
     c.m = s.m, c.n = s.n, c.k = s.k, c.gated = s.gated;
     c.act = s.gated == Gated::kNone ? Activation::kIdentity : Activation::kSilu;
     Timed t(c, rotate);
     int rule_split = 0;
     CHECK(LaunchSkinnyWithSplit(t.args, g_sms, 0, nullptr, &rule_split));
-    std::printf("  M=%-3lld N=%-5lld K=%-5lld %-8s weights %6.1f MB:", (long long)s.m, (long long)s.n, (long long)s.k,
+    std::printf("  %-13s M=%-3lld N=%-5lld K=%-5lld %-8s weights %6.1f MB:", Name(s.dt), (long long)s.m, (long long)s.n,
+                (long long)s.k,
                 s.gated == Gated::kNone       ? "plain"
                 : s.gated == Gated::kSeparate ? "swiglu"
                                               : "packed",
