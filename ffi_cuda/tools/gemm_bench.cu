@@ -1,7 +1,7 @@
 // Standalone check + timing of the CUDA GEMM kernels (no Python, no cuBLAS): the library's kernels
 // (gemm_simt.cu, gemm_skinny.cu, gemm_sm90.cu, linked from ffi_cuda/gemm/sources.cmake's kernel list) driven
-// through the handler's own launch path (gemm/dispatch.h: FoldBatch, ChoosePlan, launch), against an fp64 host
-// reference.
+// through the handler's own body (gemm/dispatch.h RunGemm: MakeProblem, FoldBatch, ChoosePlan, launch) on XLA FFI
+// buffer views of device memory, against an fp64 host reference.
 // Built by ffi_cuda/tools/CMakeLists.txt (-DJAX_OPS_TOOLS=ON) into <build>/bin/gemm_bench.
 // Usage: gemm_bench [small|time|all]
 //   small: every plan on small odd shapes (M 1/17/64/129, N 17/256/1000, K 0/1/17/64/1000), gated and not,
@@ -187,7 +187,6 @@ struct Tensor {
     if (!bytes.empty()) CHECK(cudaMemcpy(bytes.data(), dev, bytes.size(), cudaMemcpyDeviceToHost));
     for (int64_t i = 0; i < n; ++i) vals[i] = Decode(dt, &bytes[static_cast<size_t>(i) * ElemBytes(dt)]);
   }
-  const void* ptr() const { return n ? dev : nullptr; }
 };
 
 // ---------------------------------------------------------------------------------------- cases
@@ -239,41 +238,74 @@ struct Operands {
   Tensor a, b, b_up, bias, c, residual, a_scale, b_scale, out, preact;
 };
 
-KernelArgs MakeArgs(const Case& c, const Operands& o) {
-  KernelArgs p;
-  const int64_t cols = c.gated == Gated::kPacked ? 2 * c.n : c.n;
-  p.batch = c.batch;
-  p.m = c.m;
-  p.n = c.n;
-  p.k = c.k;
-  p.a_batch_stride = c.m * c.k;
-  p.b_batch_stride = c.batch_b == 1 ? 0 : c.k * cols;
-  p.lda = c.ta ? c.m : c.k;
-  p.ldb = c.tb ? c.k : cols;
-  p.up_offset = c.gated == Gated::kPacked ? c.n : 0;
-  p.transpose_a = c.ta;
-  p.transpose_b = c.tb;
-  p.gated = c.gated;
-  p.activation = c.act;
-  p.alpha = c.alpha;
-  p.beta = c.beta;
-  p.a = o.a.ptr();
-  p.b = o.b.ptr();
-  p.b_up = c.gated == Gated::kSeparate ? o.b_up.ptr() : nullptr;
-  p.bias = static_cast<const float*>(o.bias.ptr());
-  p.c = c.c && c.beta != 0.0 ? o.c.ptr() : nullptr;
-  p.residual = o.residual.ptr();
-  p.a_scale = static_cast<const float*>(o.a_scale.ptr());
-  p.b_scale = static_cast<const float*>(o.b_scale.ptr());
-  p.a_scale_len = o.a_scale.n;
-  p.b_scale_len = o.b_scale.n;
-  p.out = o.out.dev;
-  p.preact = c.preact ? o.preact.dev : nullptr;
-  p.a_dtype = c.a;
-  p.b_dtype = c.b;
-  p.out_dtype = c.out;
-  return p;
-}
+// An XLA FFI buffer view of device memory (what XLA hands the handler); an absent operand has shape [0].
+struct FfiView {
+  std::vector<int64_t> dims;
+  XLA_FFI_Buffer buf{};
+  FfiView(DT dt, void* data, std::vector<int64_t> shape) : dims(std::move(shape)) {
+    buf.struct_size = XLA_FFI_Buffer_STRUCT_SIZE;
+    buf.dtype = static_cast<XLA_FFI_DataType>(dt);
+    buf.data = data;
+    buf.rank = static_cast<int64_t>(dims.size());
+    buf.dims = dims.data();
+  }
+  FfiView(const FfiView&) = delete;
+  FfiView& operator=(const FfiView&) = delete;
+  xla::ffi::AnyBuffer any() const { return xla::ffi::AnyBuffer(&buf); }
+};
+
+// A device operand: dtype and pointer (nullptr: absent).
+struct Dev {
+  DT dt = DT::F32;
+  void* p = nullptr;
+};
+Dev DevOf(const Tensor& t) { return {t.dt, t.n ? t.dev : nullptr}; }
+
+// The case's operands as the handler's arguments, in params.h's shapes (the optional ones as the case asks).
+struct FfiCall {
+  FfiView a, b, b_up, bias, c, residual, a_scale, b_scale, out, preact;
+  static std::vector<int64_t> If(bool present, std::vector<int64_t> shape) {
+    return present ? shape : std::vector<int64_t>{0};
+  }
+  FfiCall(const Case& cs, Dev a_, Dev b_, Dev up_, Dev bias_, Dev c_, Dev res_, Dev as_, Dev bs_, Dev out_, Dev pre_)
+      : a(a_.dt, a_.p, cs.ta ? std::vector<int64_t>{cs.batch, cs.k, cs.m} : std::vector<int64_t>{cs.batch, cs.m, cs.k}),
+        b(b_.dt, b_.p,
+          cs.tb ? std::vector<int64_t>{cs.batch_b, cs.n, cs.k}
+                : std::vector<int64_t>{cs.batch_b, cs.k, cs.gated == Gated::kPacked ? 2 * cs.n : cs.n}),
+        b_up(up_.dt, up_.p, If(cs.gated == Gated::kSeparate, b.dims)),
+        bias(bias_.dt, bias_.p, If(cs.bias, {cs.gated == Gated::kNone ? cs.n : 2 * cs.n})),
+        c(c_.dt, c_.p, If(cs.c, {cs.batch, cs.m, cs.n})),
+        residual(res_.dt, res_.p, If(cs.residual, {cs.batch, cs.m, cs.n})),
+        a_scale(as_.dt, as_.p,
+                {cs.a_scale == 0   ? 0
+                 : cs.a_scale == 1 ? 1
+                                   : cs.m}),
+        b_scale(bs_.dt, bs_.p,
+                {cs.b_scale == 0            ? 0
+                 : cs.b_scale == 1          ? 1
+                 : cs.gated == Gated::kNone ? cs.n
+                                            : 2 * cs.n}),
+        out(out_.dt, out_.p, {cs.batch, cs.m, cs.n}),
+        preact(pre_.dt, pre_.p, If(cs.preact, {cs.batch, cs.m, cs.gated == Gated::kNone ? cs.n : 2 * cs.n})) {}
+  FfiCall(const Case& cs, const Operands& o)
+      : FfiCall(cs, DevOf(o.a), DevOf(o.b), DevOf(o.b_up), DevOf(o.bias), DevOf(o.c), DevOf(o.residual),
+                DevOf(o.a_scale), DevOf(o.b_scale), DevOf(o.out), DevOf(o.preact)) {}
+
+  template <typename Fn>
+  auto Call(const Case& cs, Fn&& fn) const {  // fn(the handler's arguments after the stream)
+    return fn(a.any(), b.any(), b_up.any(), bias.any(), c.any(), residual.any(), a_scale.any(), b_scale.any(), cs.alpha,
+              cs.beta, static_cast<int64_t>(cs.act), static_cast<int64_t>(cs.gated), cs.ta, cs.tb, cs.preact, false,
+              static_cast<int64_t>(cs.plan), out.any(), preact.any());
+  }
+  // The checked problem's KernelArgs (exits on a contract violation: a harness bug).
+  KernelArgs Args(const Case& cs) const {
+    Problem p;
+    const xla::ffi::Error e = Call(cs, [&](auto&&... x) { return MakeProblem(x..., &p); });
+    if (!e.success()) jax_ops::tools::CheckFailed("contract", e.message(), __FILE__, __LINE__);
+    return MakeKernelArgs(p, a.any(), b.any(), b_up.any(), bias.any(), c.any(), residual.any(), a_scale.any(),
+                          b_scale.any(), out.any(), preact.any());
+  }
+};
 
 void MakeOperands(const Case& c, Operands* o, std::mt19937& rng) {
   const int64_t cols = c.gated == Gated::kPacked ? 2 * c.n : c.n;
@@ -366,14 +398,21 @@ cudaError_t LaunchDirect(Plan plan, const KernelArgs& p, int split) {
   return LaunchPlan(plan, p, g_sms, nullptr);
 }
 
-// The handler's path (dispatch.h); with a forced skinny split, the same steps with LaunchSkinnyWithSplit.
-xla::ffi::Error RunLikeHandler(const Case& c, KernelArgs p) {
-  if (c.split == 0) return Dispatch(p, c.plan, g_cc_major, g_sms, nullptr);
-  FoldBatch(&p);
+// The handler's body (dispatch.h RunGemm); with a forced skinny split, the same steps ending in LaunchSkinnyWithSplit.
+xla::ffi::Error RunLikeHandler(const Case& c, const FfiCall& f) {
+  if (c.split == 0) return f.Call(c, [&](auto&&... x) { return RunGemm(x..., g_cc_major, g_sms, nullptr); });
+  KernelArgs ka = f.Args(c);
+  FoldBatch(&ka);
   Plan chosen = Plan::kSimt;
-  JAX_OPS_RETURN_IF_ERROR(ChoosePlan(p, c.plan, g_cc_major, &chosen));
-  JAX_OPS_RETURN_IF_CUDA_ERROR(LaunchSkinnyWithSplit(p, g_sms, c.split, nullptr, nullptr));
+  JAX_OPS_RETURN_IF_ERROR(ChoosePlan(ka, c.plan, g_cc_major, &chosen));
+  JAX_OPS_RETURN_IF_CUDA_ERROR(LaunchSkinnyWithSplit(ka, g_sms, c.split, nullptr, nullptr));
   return xla::ffi::Error::Success();
+}
+
+// The case itself must satisfy the contract (a harness bug otherwise, never counted as a plan's refusal).
+xla::ffi::Error CheckContract(const Case& c, const FfiCall& f) {
+  Problem p;
+  return f.Call(c, [&](auto&&... x) { return MakeProblem(x..., &p); });
 }
 
 bool IsRefusal(const xla::ffi::Error& e) { return e.errc() == xla::ffi::ErrorCode::kInvalidArgument; }
@@ -396,8 +435,14 @@ bool RunCase(const Case& c, const std::string& group, std::mt19937& rng) {
   g.tol = Tolerance(c.out);
   Operands o;
   MakeOperands(c, &o, rng);
-  const KernelArgs p = MakeArgs(c, o);
-  const xla::ffi::Error run = RunLikeHandler(c, p);
+  const FfiCall call(c, o);
+  const xla::ffi::Error contract = CheckContract(c, call);
+  if (!contract.success()) {
+    ++g.fails;
+    Fail(c, "harness case breaks the contract: " + contract.message());
+    return false;
+  }
+  const xla::ffi::Error run = RunLikeHandler(c, call);
   if (c.expect_refusal) {
     if (!IsRefusal(run)) {
       ++g.fails;
@@ -429,7 +474,7 @@ bool RunCase(const Case& c, const std::string& group, std::mt19937& rng) {
     const std::vector<uint8_t> first = o.out.bytes, first_pre = o.preact.bytes;
     CHECK(cudaMemset(o.out.dev, 0xff, o.out.bytes.size()));
     if (c.preact) CHECK(cudaMemset(o.preact.dev, 0xff, o.preact.bytes.size()));
-    const xla::ffi::Error again = RunLikeHandler(c, p);
+    const xla::ffi::Error again = RunLikeHandler(c, call);
     if (!again.success()) Fail(c, "second run: " + again.message());
     CHECK(cudaDeviceSynchronize());
     o.out.Download();
@@ -746,16 +791,9 @@ struct Timed {
       Fill(c.out, residual, c.batch * c.m * c.n, 4);
     }
     CHECK(cudaMalloc(&out, static_cast<size_t>(c.batch * c.m * c.n) * ElemBytes(c.out)));
-    args.batch = c.batch, args.m = c.m, args.n = c.n, args.k = c.k;
-    args.a_batch_stride = c.m * c.k;
-    args.b_batch_stride = c.batch_b == 1 ? 0 : c.k * cols;
-    args.lda = c.ta ? c.m : c.k;
-    args.ldb = c.tb ? c.k : cols;
-    args.up_offset = c.gated == Gated::kPacked ? c.n : 0;
-    args.transpose_a = c.ta, args.transpose_b = c.tb;
-    args.gated = c.gated, args.activation = c.act;
-    args.a = a, args.bias = static_cast<const float*>(bias), args.residual = residual, args.out = out;
-    args.a_dtype = c.a, args.b_dtype = c.b, args.out_dtype = c.out;
+    const FfiCall call(c, {c.a, a}, {c.b, b[0]}, {c.b, c.gated == Gated::kSeparate ? b_up[0] : nullptr},
+                       {DT::F32, bias}, {}, {c.out, residual}, {}, {}, {c.out, out}, {});
+    args = call.Args(c);
     Select(0);
   }
   ~Timed() {
