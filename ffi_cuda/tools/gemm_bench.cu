@@ -220,8 +220,10 @@ std::string Describe(const Case& c) {
   return buf;
 }
 
-// Tolerance on |got - ref| / (|ref| + rms(ref)) by out dtype (one rounding of the output, fp32 / fp64 sums).
-double Tolerance(DT out) {
+// Tolerance on |got - ref| / (|ref| + rms(ref)): one rounding of the output after fp32 / fp64 sums; fp8 tensor-core
+// sums keep fewer mantissa bits on Hopper (about 14), so an fp8 product into f32 gets 2e-3.
+double Tolerance(DT in, DT out) {
+  if (IsFp8(in) && out == DT::F32) return 2e-3;
   switch (out) {
     case DT::F64:
       return 1e-10;
@@ -432,7 +434,7 @@ void Fail(const Case& c, const std::string& why) {
 bool RunCase(const Case& c, const std::string& group, std::mt19937& rng) {
   Group& g = g_groups[group];
   ++g.cases;
-  g.tol = Tolerance(c.out);
+  g.tol = Tolerance(c.a, c.out);
   Operands o;
   MakeOperands(c, &o, rng);
   const FfiCall call(c, o);
@@ -857,9 +859,9 @@ struct Timed {
 
 bool g_time_ok = true;
 
-void CheckSampled(const char* what, double err, DT out) {
-  if (err > Tolerance(out)) {
-    std::printf("FAIL %s: sampled error %.3e > %.0e\n", what, err, Tolerance(out));
+void CheckSampled(const char* what, double err, const Case& c) {
+  if (err > Tolerance(c.a, c.out)) {
+    std::printf("FAIL %s: sampled error %.3e > %.0e\n", what, err, Tolerance(c.a, c.out));
     g_time_ok = false;
   }
 }
@@ -922,7 +924,7 @@ void TimeSkinny(double copy_tbps) {
     }
     const double err = t.SampledError(Plan::kSkinny, 0);
     std::printf(" | err %.1e\n", err);
-    CheckSampled("skinny timing case", err, c.out);
+    CheckSampled("skinny timing case", err, c);
   }
 }
 
@@ -964,7 +966,7 @@ void TimeTiled(Plan plan) {
     std::printf("  %-13s M=%-5lld N=%-5lld K=%-5lld %-9s %9.1f us %7.1f TFLOP/s | err %.1e\n", Name(s.dt),
                 (long long)s.m, (long long)s.n, (long long)s.k, s.bias_gelu ? "bias+gelu" : "plain", us,
                 2.0 * s.m * s.n * s.k / us / 1e6, err);
-    CheckSampled("tiled timing case", err, c.out);
+    CheckSampled("tiled timing case", err, c);
   }
 }
 
