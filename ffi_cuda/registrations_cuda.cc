@@ -15,6 +15,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsSparseCsrSpmmCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsSparseSlabSpmvCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsAttentionFwdCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsAttentionBwdCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsGemmCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsRuntimeInfoCuda);
 
 namespace nb = nanobind;
@@ -33,6 +34,7 @@ NB_MODULE(_jax_ops_cuda, m) {
     targets["jax_ops_sparse_slab_spmv"] = jax_ops::HandlerCapsule(JaxOpsSparseSlabSpmvCuda);
     targets["jax_ops_attention_fwd"] = jax_ops::HandlerCapsule(JaxOpsAttentionFwdCuda);
     targets["jax_ops_attention_bwd"] = jax_ops::HandlerCapsule(JaxOpsAttentionBwdCuda);
+    targets["jax_ops_gemm"] = jax_ops::HandlerCapsule(JaxOpsGemmCuda);
     targets["jax_ops_runtime_info"] = jax_ops::HandlerCapsule(JaxOpsRuntimeInfoCuda);
     return targets;
   });
