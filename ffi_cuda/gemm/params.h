@@ -9,7 +9,7 @@
 //                                  gated == kPacked: [Bb, K, 2N], gate columns [0, N), up columns [N, 2N)
 //                                  (tokamax's [K, 2, N] weight reshaped; not with transpose_b)
 //            b_up     b's shape when gated == kSeparate (the up projection), else 0 elements
-//            bias     f32 [N] (gated: [2N], gate then up), or 0 elements
+//            bias     f32 [N] (gated: [2N], gate then up; f64 for an f64 GEMM), or 0 elements
 //            c        [B, M, N] of the out dtype, or 0 elements (read only when beta != 0; not with gated)
 //            residual [B, M, N] of the out dtype, or 0 elements
 //            a_scale  f32, 0 elements (none), 1 (per tensor) or M (per row of op(a))
@@ -163,8 +163,10 @@ inline ffi::Error MakeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, 
   const int64_t gate_cols = p->gated == Gated::kNone ? p->n : 2 * p->n;
   const int64_t bias_len = NumElements(bias.dimensions());
   p->has_bias = bias_len > 0;
-  JAX_OPS_CHECK_ARG(!p->has_bias || (bias_len == gate_cols && bias.element_type() == DataType::F32),
-                    "bias must be float32 with " << gate_cols << " elements, got " << bias_len);
+  const DataType bias_dtype = at == DataType::F64 ? DataType::F64 : DataType::F32;
+  JAX_OPS_CHECK_ARG(!p->has_bias || (bias_len == gate_cols && bias.element_type() == bias_dtype),
+                    "bias must be " << GemmDTypeName(bias_dtype) << " with " << gate_cols << " elements, got "
+                                    << bias_len << " of " << GemmDTypeName(bias.element_type()));
   const int64_t mn = p->batch * p->m * p->n;
   p->has_c = NumElements(c.dimensions()) > 0;
   JAX_OPS_CHECK_ARG(!p->has_c || p->gated == Gated::kNone, "c is not supported with a gated GEMM");
