@@ -1,0 +1,4 @@
+# The gemm family's sources: the CPU twin goes into _jax_ops_cpu, the CUDA handlers and kernels into _jax_ops_cuda.
+list(APPEND JAX_OPS_CPU_SOURCES
+  "${CMAKE_CURRENT_LIST_DIR}/gemm_cpu.cc"
+)
