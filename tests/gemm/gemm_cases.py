@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy.special import erf
@@ -84,19 +83,26 @@ def gated_oracle(x, w_gate, w_up=None, activation="silu", *, bias=None, residual
     return y + f64(residual) if residual is not None else y
 
 
-def operand(key, shape, dtype, scale=1.0):
+def rngs(n: int, seed: int = 0) -> list[np.random.Generator]:
+    """n independent NumPy generators (NumPy draws: no per-shape compile of jax.random)."""
+    return [np.random.default_rng([seed, i]) for i in range(n)]
+
+
+def operand(rng, shape, dtype, scale=1.0):
     """Random values representable in ``dtype`` (int8: integers in [-127, 127])."""
     if np.dtype(dtype) == np.dtype(INT8):
-        return jax.random.randint(key, shape, -127, 128, jnp.int32).astype(INT8)
-    return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+        return jnp.asarray(rng.integers(-127, 128, shape), INT8)
+    return jnp.asarray((scale * rng.standard_normal(shape)).astype(np.float32)).astype(dtype)
 
 
-def scales(key, dtype, M, N):
+def uniform(rng, shape, low, high):
+    return jnp.asarray(rng.uniform(low, high, shape).astype(np.float32))
+
+
+def scales(rng, dtype, M, N):
     """(a_scale, b_scale) for float8/int8 (per row and per column for int8, per tensor / per column for fp8)."""
-    k1, k2 = jax.random.split(key)
     if np.dtype(dtype) == np.dtype(INT8):
-        return (jax.random.uniform(k1, (M,), jnp.float32, 0.5, 1.5) / 127,
-                jax.random.uniform(k2, (N,), jnp.float32, 0.5, 1.5) / 127)  # fmt: skip
+        return uniform(rng, (M,), 0.5, 1.5) / 127, uniform(rng, (N,), 0.5, 1.5) / 127
     if np.dtype(dtype) in (np.dtype(E4M3), np.dtype(E5M2)):
-        return jnp.float32(0.25), jax.random.uniform(k2, (N,), jnp.float32, 0.5, 1.5)
+        return jnp.float32(0.25), uniform(rng, (N,), 0.5, 1.5)
     return None, None

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gemm_cases import E4M3, E5M2, oracle
+from gemm_cases import E4M3, E5M2, operand, oracle, rngs
 from helpers import poisoned, rel_err
 
 from jax_ops import _ffi
@@ -77,8 +77,8 @@ def test_registered():
 def test_every_element_written(shape):
     """out aliases a NaN-filled c (beta = 0: c is not read), so an unwritten element stays NaN."""
     B, M, N, K = shape
-    a = jax.random.normal(jax.random.key(0), (B, M, K), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (1, K, N), jnp.float32)
+    r = rngs(2)
+    a, b = operand(r[0], (B, M, K), jnp.float32), operand(r[1], (1, K, N), jnp.float32)
     out, _ = raw(a, b, c=poisoned((B, M, N), jnp.float32), aliases={4: 0})
     assert rel_err(out, oracle(a, b)) < 1e-5
 
@@ -105,8 +105,8 @@ def test_zero_k_runs_the_epilogue():
 
 
 def test_512_cubed_f32_is_not_naive():
-    a = jax.random.normal(jax.random.key(0), (1, 512, 512), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (1, 512, 512), jnp.float32)
+    r = rngs(2)
+    a, b = operand(r[0], (1, 512, 512), jnp.float32), operand(r[1], (1, 512, 512), jnp.float32)
     raw(a, b)[0].block_until_ready()
     t = time.perf_counter()
     out = raw(a, b)[0].block_until_ready()

@@ -1,0 +1,59 @@
+"""The raw FFI call of ``jax_ops_gemm`` (contract: ffi_cuda/gemm/params.h): the op's layout (validation.Call) to
+the contract's (a packed gated weight [Bb, K, 2, N] -> [Bb, K, 2N], gated bias/b_scale [2, N] -> [2N]), the
+0-element buffers of absent operands, and whether this platform has the kernel."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_ops import _ffi
+from jax_ops._src import dispatch
+from jax_ops._src.gemm.validation import Config
+
+TARGET = "jax_ops_gemm"
+
+
+def absent() -> jax.Array:
+    """The contract's absent optional operand: a 0-element array."""
+    return jnp.zeros((0,), jnp.float32)
+
+
+def fill(operands) -> tuple:
+    return tuple(absent() if x is None else x for x in operands)
+
+
+def dims(cfg: Config, a, b) -> tuple[int, int, int, int]:
+    """(B, M, N, K) of the op's operands."""
+    B = a.shape[0]
+    M, K = (a.shape[2], a.shape[1]) if cfg.transpose_a else (a.shape[1], a.shape[2])
+    N = b.shape[3] if cfg.gated == "packed" else (b.shape[1] if cfg.transpose_b else b.shape[2])
+    return B, M, N, K
+
+
+def gemm_ffi(cfg: Config, a, b, b_up, bias, c, residual, a_scale, b_scale):
+    """``(out [B, M, N], preact)``: preact is [B, M, N] (gated [B, M, 2, N]) with write_preact, else 0 elements."""
+    B, M, N, _ = dims(cfg, a, b)
+    gated = cfg.gated != "none"
+    if cfg.gated == "packed":
+        b = b.reshape(b.shape[0], b.shape[1], 2 * N)
+    if gated:
+        bias, b_scale = bias.reshape(-1), b_scale.reshape(-1)
+    preact_shape = ((B, M, 2 * N) if gated else (B, M, N)) if cfg.write_preact else (0,)
+    shapes = (
+        jax.ShapeDtypeStruct((B, M, N), cfg.out_dtype),
+        jax.ShapeDtypeStruct(preact_shape, cfg.out_dtype),
+    )
+    out, preact = _ffi.ffi_call(
+        TARGET, shapes, a, b, b_up, bias, c, residual, a_scale, b_scale, **cfg.attrs()
+    )
+    if cfg.write_preact and gated:
+        preact = preact.reshape(B, M, 2, N)
+    return out, preact
+
+
+def unsupported_reason() -> str | None:
+    """Why ``implementation="ffi"`` cannot run on this platform (None when it can)."""
+    if dispatch.platform() == "gpu" and TARGET not in _ffi.target_names("CUDA"):
+        return "this jax_ops build has no CUDA GEMM kernels"
+    return None
