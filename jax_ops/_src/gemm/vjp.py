@@ -25,9 +25,15 @@ from jax_ops._src.vma import vary_like
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def gemm_pair(cfg: Config, *operands):
+    """(a, b, b_up, bias, c, residual, a_scale, b_scale) -> (out, preact); preact has 0 elements unless
+    cfg.write_preact. Inside shard_map both vary where the operands do."""
+    return vary_like(gemm_op(cfg)(*operands), operands)
+
+
 def gemm_vjp(cfg: Config, *operands):
-    """(a, b, b_up, bias, c, residual, a_scale, b_scale) -> out; inside shard_map out varies where they do."""
-    return vary_like(gemm_op(cfg)(*operands)[:1], operands)[0]
+    """The op's output alone."""
+    return gemm_pair(cfg, *operands)[0]
 
 
 def _saves_preact(cfg: Config) -> bool:
@@ -35,9 +41,11 @@ def _saves_preact(cfg: Config) -> bool:
 
 
 def _fwd(cfg: Config, *operands):
-    fwd_cfg = dataclasses.replace(cfg, write_preact=_saves_preact(cfg))
-    out, preact = vary_like(gemm_op(fwd_cfg)(*operands), operands)
-    return out, (operands, preact if fwd_cfg.write_preact else None)
+    saves = cfg.write_preact or _saves_preact(cfg)
+    # through gemm_pair itself, so that a second derivative sees z as a differentiable value
+    out, preact = gemm_pair(dataclasses.replace(cfg, write_preact=saves), *operands)
+    returned = preact if cfg.write_preact else jnp.zeros((0,), cfg.out_dtype)
+    return (out, returned), (operands, preact if saves else None)
 
 
 def _matmul(cfg: Config, x, y, tx: bool, ty: bool, out_dtype, *, c=None):
@@ -55,8 +63,9 @@ def _matmul(cfg: Config, x, y, tx: bool, ty: bool, out_dtype, *, c=None):
     return gemm_vjp(mm, x, y, e, e, e if c is None else c, e, e, e)
 
 
-def _bwd(cfg: Config, res, g):
+def _bwd(cfg: Config, res, cts):
     (a, b, b_up, bias, c, residual, a_scale, b_scale), preact = res
+    g, g_preact = cts
     k = kind(a.dtype)
     if k not in ("half", "f32", "f64"):
         raise TypeError(
@@ -74,6 +83,9 @@ def _bwd(cfg: Config, res, g):
     else:
         z_gate, z_up = preact[:, :, 0].astype(acc), preact[:, :, 1].astype(acc)
         dzs = [g_acc * z_up * act.grad(z_gate), g_acc * act.fn(z_gate)]
+    if cfg.write_preact:  # z was an output too: its cotangent adds to dz
+        gp = g_preact.astype(acc)
+        dzs = [dzs[0] + gp] if cfg.gated == "none" else [dzs[0] + gp[:, :, 0], dzs[1] + gp[:, :, 1]]
     ops = [d.astype(dt) for d in dzs]  # the backward GEMMs' operands, in the input dtype
     mm = functools.partial(_matmul, cfg)
 
@@ -119,4 +131,4 @@ def _bwd(cfg: Config, res, g):
     return vary_like(grads, (*operands, g), targets=operands)
 
 
-gemm_vjp.defvjp(_fwd, _bwd)
+gemm_pair.defvjp(_fwd, _bwd)
