@@ -1,6 +1,7 @@
-"""``custom_vmap`` of the GEMM op: a mapped axis folds into the kernel's rows (shared weights) or its batch (a
-vmapped weight becomes Bb = B), so a vmapped call is one kernel launch, never a loop. A per-example bias or scale
-has no slot in the contract (one per call): those calls run the jnp version, with a one-time warning."""
+"""``custom_vmap`` of the GEMM op: a mapped axis folds into the kernel's batch (a vmapped weight becomes Bb = B; shared
+weights then fold into M in ffi.py), so a vmapped call is one kernel launch, never a loop. A per-example bias or
+b_scale has no slot in the contract (one per call), nor a per-example a_scale with batched weights: those calls run
+the jnp version, with a one-time warning."""
 
 from __future__ import annotations
 
@@ -22,16 +23,10 @@ def _weight(x, batched: bool, v: int, batch: int):
     bb = x.shape[1] if batched else x.shape[0]
     if not batched and bb == 1:
         return x
-    if bb == 1 and batch > 1:  # a mapped shared weight: one copy per folded batch entry
-        x = jnp.broadcast_to(lead(x, batched, v), (v, batch, *x.shape[2 if batched else 1 :]))
+    if bb == 1 and batch > 1:  # a mapped weight shared by the inner batch: one copy per folded batch entry
+        x = jnp.broadcast_to(x, (v, batch, *x.shape[2:]))
         return x.reshape(v * batch, *x.shape[2:])
     return fold_leading(x, batched, v)
-
-
-def _rows(x, batched: bool, v: int):
-    """[v, B, M, ...] -> [1, v*B*M, ...] (an unmapped x is broadcast first)."""
-    x = lead(x, batched, v)
-    return x.reshape(1, x.shape[0] * x.shape[1] * x.shape[2], *x.shape[3:])
 
 
 @functools.cache
@@ -48,38 +43,30 @@ def gemm_op(cfg: Config):
         V = axis_size
         a_b, b_b, up_b, bias_b, c_b, res_b, as_b, bs_b = in_batched
         args = (a, b, b_up, bias, c, residual, a_scale, b_scale)
-        if bias_b or as_b or bs_b:
+        B, M, N, _ = dims(cfg, a[0] if a_b else a, b[0] if b_b else b)
+        # After folding, shared weights (Bb = 1, a not transposed) take a row scale per folded batch entry.
+        shared = not b_b and not up_b and b.shape[0] == 1 and not cfg.transpose_a
+        if bias_b or bs_b or (as_b and not shared):
             _checks.warn_once(
                 "gemm:vmap-bias",
-                "jax_ops.gemm under vmap with a per-example bias or scale: running the jnp version "
-                "(the kernel takes one bias and one set of scales per call)",
+                "jax_ops.gemm under vmap with a per-example bias or scale the kernel cannot fold: running the jnp "
+                "version (the kernel takes one bias and one b_scale per call)",
             )
             ref = functools.partial(gemm_reference, cfg)
             out, preact = jax.vmap(ref, in_axes=tuple(0 if x else None for x in in_batched))(*args)
             if not cfg.write_preact:
                 return (out, jnp.zeros((0,), cfg.out_dtype)), (True, False)
             return (out, preact), (True, True)
-        B, M, N, _ = dims(cfg, a[0] if a_b else a, b[0] if b_b else b)
-        has = [x.shape != (0,) for x in args]
-        shared = not b_b and not up_b and b.shape[0] == 1 and not cfg.transpose_a
-        if shared:  # the mapped axis and the batch fold into M: one GEMM over V*B*M rows
-            fa = _rows(a, a_b, V)
-            fc, fr = (
-                _rows(x, xb, V) if h else x for x, xb, h in ((c, c_b, has[4]), (residual, res_b, has[5]))
-            )
-            fs = jnp.tile(a_scale, V * B) if a_scale.shape == (M,) and M > 1 else a_scale
-            out, preact = op(fa, b, b_up, bias, fc, fr, fs, b_scale)
-            out = out.reshape(V, B, M, N)
-            if cfg.write_preact:
-                preact = preact.reshape(V, B, M, *preact.shape[2:])
-            return (out, preact), (True, cfg.write_preact)
         fa = fold_leading(a, a_b, V)
         fb = _weight(b, b_b, V, B)
-        fu = _weight(b_up, up_b, V, B) if has[2] else b_up
-        fc, fr = (
-            fold_leading(x, xb, V) if h else x for x, xb, h in ((c, c_b, has[4]), (residual, res_b, has[5]))
-        )
-        out, preact = op(fa, fb, fu, bias, fc, fr, a_scale, b_scale)
+        fu = _weight(b_up, up_b, V, B) if b_up.shape != (0,) else b_up
+        fc, fr = (fold_leading(x, xb, V) if x.ndim == 3 else x for x, xb in ((c, c_b), (residual, res_b)))
+        fs = a_scale
+        if as_b or a_scale.ndim == 2:  # a row scale per folded batch entry: [V*B, M]
+            rows = lead(a_scale, as_b, V)  # [V, 1], [V, M] or [V, B, M]
+            rows = rows.reshape(V, -1, rows.shape[-1])
+            fs = jnp.broadcast_to(rows, (V, B, M)).reshape(V * B, M)
+        out, preact = op(fa, fb, fu, bias, fc, fr, fs, b_scale)
         if cfg.write_preact:
             preact = unfold_leading(preact, V)
         return (unfold_leading(out, V), preact), (True, cfg.write_preact)

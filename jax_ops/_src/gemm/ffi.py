@@ -32,23 +32,36 @@ def dims(cfg: Config, a, b) -> tuple[int, int, int, int]:
 
 
 def gemm_ffi(cfg: Config, a, b, b_up, bias, c, residual, a_scale, b_scale):
-    """``(out [B, M, N], preact)``: preact is [B, M, N] (gated [B, M, 2, N]) with write_preact, else 0 elements."""
+    """``(out [B, M, N], preact)``: preact is [B, M, N] (gated [B, M, 2, N]) with write_preact, else 0 elements.
+
+    Shared weights (Bb = 1, a not transposed) fold the batch into M here, per shard: one GEMM of B*M rows."""
     B, M, N, _ = dims(cfg, a, b)
     gated = cfg.gated != "none"
+    if b.shape[0] == 1 and not cfg.transpose_a:
+        batch, rows = 1, B * M
+        a = a.reshape(1, rows, a.shape[2])
+        c, residual = (x.reshape(1, rows, N) if x.ndim == 3 else x for x in (c, residual))
+        a_scale = (
+            jnp.broadcast_to(a_scale.reshape(-1, M), (B, M)).reshape(rows) if a_scale.size > 1 else a_scale
+        )
+    else:
+        batch, rows = B, M
+        a_scale = a_scale.reshape(-1)  # [1, M] (B = 1) -> [M]
     if cfg.gated == "packed":
         b = b.reshape(b.shape[0], b.shape[1], 2 * N)
     if gated:
         bias, b_scale = bias.reshape(-1), b_scale.reshape(-1)
-    preact_shape = ((B, M, 2 * N) if gated else (B, M, N)) if cfg.write_preact else (0,)
+    preact_shape = ((batch, rows, 2 * N) if gated else (batch, rows, N)) if cfg.write_preact else (0,)
     shapes = (
-        jax.ShapeDtypeStruct((B, M, N), cfg.out_dtype),
+        jax.ShapeDtypeStruct((batch, rows, N), cfg.out_dtype),
         jax.ShapeDtypeStruct(preact_shape, cfg.out_dtype),
     )
     out, preact = _ffi.ffi_call(
         TARGET, shapes, a, b, b_up, bias, c, residual, a_scale, b_scale, **cfg.attrs()
     )
-    if cfg.write_preact and gated:
-        preact = preact.reshape(B, M, 2, N)
+    out = out.reshape(B, M, N)
+    if cfg.write_preact:
+        preact = preact.reshape(B, M, 2, N) if gated else preact.reshape(B, M, N)
     return out, preact
 
 

@@ -57,7 +57,7 @@ def gemm_reference(cfg: Config, a, b, b_up, bias, c, residual, a_scale, b_scale,
     a_s = 1.0
     if present(a_scale):
         a_s = a_scale.astype(epi_dtype)
-        a_s = a_s[:, None] if a_s.shape[0] > 1 else a_s[0]
+        a_s = a_s[..., None] if a_s.size > 1 else a_s.reshape(())  # per row ([M] or [B, M]) or per tensor
     zs = []
     for i, w in enumerate(weights):
         s = 1.0

@@ -28,6 +28,7 @@ def _weight_dims(cfg: Config, batch: str) -> str:
 
 
 def _rule(cfg: Config, mesh, value_types, result_types):
+    """Factors b (batch), m, n shard; k and g (the gate/up pair) are replicated; absent operands get their own."""
     a, b, b_up, bias, c, res, a_scale, b_scale = (_shape_of(t) for t in value_types)
     B, M, N = (
         a[0],
@@ -47,7 +48,7 @@ def _rule(cfg: Config, mesh, value_types, result_types):
         ("g n" if len(bias) == 2 else "n") if bias != (0,) else unique(bias),
         "b m n" if c != (0,) else unique(c),
         "b m n" if res != (0,) else unique(res),
-        "m" if a_scale == (M,) and M > 1 else unique(a_scale),
+        {(M,): "m", (B, M): "b m"}.get(a_scale, unique(a_scale)) if M > 1 else unique(a_scale),
         ("g n" if len(b_scale) == 2 else "n") if b_scale[-1:] == (N,) and N > 1 else unique(b_scale),
     ]
     preact = result_types[1]
@@ -103,7 +104,7 @@ def _partition(cfg: Config, mesh, arg_shapes, result_shape):
         columns(bias),
         out if c.shape != (0,) else P(None),
         out if res.shape != (0,) else P(None),
-        P(m_ax) if a_scale.shape == (M,) and M > 1 else P(None),
+        {(M,): P(m_ax), (B, M): P(b_ax, m_ax)}.get(a_scale.shape, P(None)) if M > 1 else P(None),
         columns(b_scale),
     ]
     if cfg.write_preact:

@@ -84,7 +84,7 @@ class Call:
 
     Operands (the op's layout, see ffi.py): a [B, M, K] ([B, K, M] transposed), b [Bb, K, N] ([Bb, N, K]; packed
     gated: [Bb, K, 2, N]), b_up like b or None, bias [N] (gated [2, N]), c / residual [B, M, N] of the out dtype,
-    a_scale [1] or [M], b_scale [1] or [N]."""
+    a_scale [1], [M] or [B, M] (shared weights only), b_scale [1] or [N] (gated [2, N])."""
 
     cfg: Config
     operands: tuple
@@ -217,16 +217,15 @@ def gemm_call(
     a3 = jnp.broadcast_to(a, batch + a_mat).reshape(B, *a_mat)
     Bb = 1 if math.prod(b.shape[:-2]) == 1 else B
     b3 = jnp.broadcast_to(b, (batch if Bb > 1 else ()) + b_mat).reshape(Bb, *b_mat)
-    fold = Bb == 1 and B > 1 and not ta  # shared weights: the batch folds into M (one larger GEMM)
-    rows_b, rows_m = (1, B * M) if fold else (B, M)
-    if fold:
-        a3 = a3.reshape(1, B * M, K)
+    per_token = (
+        Bb == 1 and not ta
+    )  # the kernel call folds the batch into M: a_scale may be per row of each batch
     full_out = batch + (M, N)
 
     def out_operand(name, x):
         if x is None:
             return None
-        return _broadcast_operand(name, x, full_out, out_dt).reshape(rows_b, rows_m, N)
+        return _broadcast_operand(name, x, full_out, out_dt).reshape(B, M, N)
 
     if beta != 0 and c is None:
         raise ValueError(f"beta = {beta} needs c")
@@ -247,13 +246,13 @@ def gemm_call(
         if a_scale.size == 1:
             a_scale = a_scale.reshape(1)
         elif a_scale.shape == (M,):
-            a_scale = jnp.tile(a_scale, B) if fold else a_scale
-        elif fold and a_scale.shape == batch + (M,):
-            a_scale = a_scale.reshape(B * M)
+            pass
+        elif per_token and a_scale.shape == batch + (M,):
+            a_scale = a_scale.reshape(B, M)
         else:
             raise ValueError(
                 f"a_scale must be a scalar, per row ({M},)"
-                + (f" or {batch + (M,)}" if fold else "")
+                + (f" or per row of each batch {batch + (M,)}" if per_token and batch else "")
                 + f", got {a_scale.shape}"
             )
         if b_scale.size == 1 and b_scale.ndim <= 1:
