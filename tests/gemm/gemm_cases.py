@@ -106,3 +106,30 @@ def scales(rng, dtype, M, N):
     if np.dtype(dtype) in (np.dtype(E4M3), np.dtype(E5M2)):
         return jnp.float32(0.25), uniform(rng, (N,), 0.5, 1.5)
     return None, None
+
+
+def epilogue_case(dtype, transpose_a, transpose_b, *, B=2, M=17, N=20, K=33, seed=0):
+    """Operands of a full epilogue (bias, c with beta, residual; scales for float8/int8) with shared weights."""
+    k = rngs(6, seed)
+    a = operand(k[0], (B, K, M) if transpose_a else (B, M, K), dtype)
+    b = operand(k[1], (N, K) if transpose_b else (K, N), dtype, scale=K**-0.5)
+    out = default_out(dtype)
+    a_scale, b_scale = scales(k[2], dtype, M, N)
+    kw = dict(
+        bias=operand(k[3], (N,), F64 if dtype == F64 else F32),
+        c=operand(k[4], (B, M, N), out),
+        beta=0.5,
+        alpha=0.75,
+        residual=operand(k[5], (B, M, N), out),
+        transpose_a=transpose_a,
+        transpose_b=transpose_b,
+        a_scale=a_scale,
+        b_scale=b_scale,
+    )
+    return a, b, kw
+
+
+def split_static(kw):
+    """gemm keywords -> (array operands, static attributes): arrays can be jit arguments, the rest cannot."""
+    static = {k: v for k, v in kw.items() if k in ("alpha", "beta", "transpose_a", "transpose_b")}
+    return {k: v for k, v in kw.items() if k not in static}, static

@@ -17,11 +17,12 @@ from gemm_cases import (
     INT8,
     TRANSPOSES,
     default_out,
+    epilogue_case,
     gated_oracle,
     operand,
     oracle,
     rngs,
-    scales,
+    split_static,
     tol,
 )
 from helpers import rel_err
@@ -54,25 +55,12 @@ def check(fn, args, ref, out_dtype, *, twin=True):
     return out
 
 
-def case(dtype, ta, tb, B, M, N, K, seed=0):
-    r = rngs(6, seed)
-    a = operand(r[0], (B, K, M) if ta else (B, M, K), dtype)
-    b = operand(r[1], (N, K) if tb else (K, N), dtype, scale=K**-0.5)
-    out = default_out(dtype)
-    a_scale, b_scale = scales(r[2], dtype, M, N)
-    kw = dict(bias=operand(r[3], (N,), F64 if dtype == F64 else F32), c=operand(r[4], (B, M, N), out), beta=0.5,
-              alpha=0.75, residual=operand(r[5], (B, M, N), out), transpose_a=ta, transpose_b=tb,
-              a_scale=a_scale, b_scale=b_scale)  # fmt: skip
-    return a, b, kw
-
-
 @pytest.mark.parametrize("transposes", TRANSPOSES, ids=lambda t: f"ta{int(t[0])}tb{int(t[1])}")
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_epilogue_matrix_small(activation, dtype, transposes):
-    a, b, kw = case(dtype, *transposes, B=2, M=17, N=40, K=72)
-    arrays = {k: v for k, v in kw.items() if hasattr(v, "shape")}
-    static = {k: v for k, v in kw.items() if k not in arrays}
+    a, b, kw = epilogue_case(dtype, *transposes, B=2, M=17, N=40, K=72)
+    arrays, static = split_static(kw)
 
     def fn(a, b, arrays):
         return jax_ops.gemm(a, b, activation=activation, implementation="ffi", **arrays, **static)
@@ -93,9 +81,8 @@ PLAN_CASES = {
 @pytest.mark.parametrize("index", [0, 1, 2])
 def test_forced_plan(plan, index):
     dtype, M, N, K = PLAN_CASES[plan][index]
-    a, b, kw = case(dtype, False, False, B=1, M=M, N=N, K=K, seed=index)
-    arrays = {k: v for k, v in kw.items() if hasattr(v, "shape")}
-    static = {k: v for k, v in kw.items() if k not in arrays}
+    a, b, kw = epilogue_case(dtype, False, False, B=1, M=M, N=N, K=K, seed=index)
+    arrays, static = split_static(kw)
 
     def fn(a, b, arrays):
         return jax_ops.gemm(a, b, activation="gelu", implementation="ffi", **arrays, **static)
@@ -133,10 +120,9 @@ def test_gated_linear(M, packed, plan):
 @pytest.mark.parametrize("dtype", [BF16, F16, E4M3])
 def test_large(dtype):
     M = N = K = 4096
-    a, b, kw = case(dtype, False, False, B=1, M=M, N=N, K=K)
+    a, b, kw = epilogue_case(dtype, False, False, B=1, M=M, N=N, K=K)
     kw = {k: v for k, v in kw.items() if k not in ("c", "beta")}
-    arrays = {k: v for k, v in kw.items() if hasattr(v, "shape")}
-    static = {k: v for k, v in kw.items() if k not in arrays}
+    arrays, static = split_static(kw)
 
     def fn(a, b, arrays):
         return jax_ops.gemm(a, b, activation="silu", implementation="ffi", **arrays, **static)
