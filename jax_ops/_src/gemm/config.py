@@ -26,9 +26,9 @@ def overrides(**values):
     return KNOBS.override(**values)
 
 
-def plan_id() -> int:
-    """The current ``plan`` knob as the kernel's id (its index in constants()["gemm_plans"])."""
-    plan, names = KNOBS.plan, _ffi.constants()["gemm_plans"]
+def plan_id(plan: str) -> int:
+    """A ``plan`` knob value as the kernel's id (its index in constants()["gemm_plans"])."""
+    names = _ffi.constants()["gemm_plans"]
     if plan not in names:
         raise ValueError(f"gemm knob plan must be one of {names}, got {plan!r} (env JAX_OPS_GEMM_PLAN)")
     return names.index(plan)

@@ -61,7 +61,7 @@ class Config:
     beta: float = 0.0
     tf32: bool = False
     write_preact: bool = False
-    plan: int = 0
+    plan: str = "auto"  # the knob's value when the call was traced
 
     def attrs(self) -> dict[str, Any]:
         """The contract's attributes (ffi_cuda/gemm/params.h)."""
@@ -74,7 +74,7 @@ class Config:
             transpose_b=bool(self.transpose_b),
             write_preact=bool(self.write_preact),
             tf32=bool(self.tf32),
-            plan=np.int64(self.plan),
+            plan=np.int64(config.plan_id(self.plan)),
         )
 
 
@@ -141,7 +141,6 @@ def _float_operand(name: str, x, dtype) -> jax.Array:
 def _broadcast_operand(name: str, x, shape, dtype) -> jax.Array:
     x = _float_operand(name, x, dtype)
     try:
-        np.broadcast_shapes(x.shape, shape)
         ok = np.broadcast_shapes(x.shape, shape) == tuple(shape)
     except ValueError:
         ok = False
@@ -267,7 +266,7 @@ def gemm_call(
         alpha=alpha,
         beta=beta,
         tf32=tf32,
-        plan=config.plan_id(),
+        plan=config.KNOBS.plan,
     )
     out_shape = batch + ((M,) if not vec_a else ()) + ((N,) if not vec_b else ())
     return Call(cfg, (a3, b3, None, bias, c3, res3, a_scale, b_scale), out_shape)
@@ -310,5 +309,5 @@ def gated_call(x, w_gate, w_up, activation, bias, residual) -> Call:
         res = _broadcast_operand("residual", residual, lead + (N,), out_dt).reshape(1, M, N)
     b3 = w_gate[None]
     up3 = None if w_up is None else w_up[None]
-    cfg = Config(out_dtype=out_dt, activation=act, gated=gated, plan=config.plan_id())
+    cfg = Config(out_dtype=out_dt, activation=act, gated=gated, plan=config.KNOBS.plan)
     return Call(cfg, (x.reshape(1, M, K), b3, up3, bias, None, res, None, None), lead + (N,))
