@@ -220,6 +220,15 @@ def test_nan_propagates(impl):
     assert np.all(np.isposinf(np.delete(out[:, 1], 2)))
 
 
+@pytest.mark.parametrize("impl", BACKENDS)
+def test_vector_operands_take_output_shaped_epilogue_operands(impl):
+    r = rngs(4)
+    a, b, res = operand(r[0], (3, 5, 7), F32), operand(r[1], (7,), F32), operand(r[2], (3, 5), F32)
+    out = jax_ops.gemm(a, b, residual=res, c=res, beta=2.0, implementation=impl)  # output [3, 5]
+    ref = np.asarray(a, np.float64) @ np.asarray(b, np.float64) + 3 * np.asarray(res, np.float64)
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-5)
+
+
 def test_beta_zero_does_not_read_c():
     a, b = jnp.ones((2, 3)), jnp.ones((3, 4))
     out = jax_ops.gemm(a, b, c=jnp.full((2, 4), jnp.nan), beta=0.0, implementation="ffi")
@@ -285,6 +294,7 @@ ERRORS = [
     (ValueError, "activation must be None or one of", lambda: jax_ops.gemm(f32, w32, activation="tanh")),
     (ValueError, "beta = 1.0 needs c", lambda: jax_ops.gemm(f32, w32, beta=1.0)),
     (ValueError, "c has shape \\(3, 5\\)", lambda: jax_ops.gemm(f32, w32, c=jnp.ones((3, 5)), beta=1.0)),
+    (ValueError, "c has shape \\(3, 5\\)", lambda: jax_ops.gemm(f32, w32, c=jnp.ones((3, 5)))),
     (ValueError, "residual has shape \\(4, 4\\)", lambda: jax_ops.gemm(f32, w32, residual=jnp.ones((4, 4)))),
     (TypeError, "alpha must be a static Python number", lambda: jax_ops.gemm(f32, w32, alpha=jnp.float32(2))),
     (ValueError, "precision must be None", lambda: jax_ops.gemm(f32, w32, precision="fp16")),

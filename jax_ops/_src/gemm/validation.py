@@ -219,16 +219,17 @@ def gemm_call(
     per_token = (
         Bb == 1 and not ta
     )  # the kernel call folds the batch into M: a_scale may be per row of each batch
-    full_out = batch + (M, N)
+    out_shape = batch + ((M,) if not vec_a else ()) + ((N,) if not vec_b else ())
 
     def out_operand(name, x):
         if x is None:
             return None
-        return _broadcast_operand(name, x, full_out, out_dt).reshape(B, M, N)
+        return _broadcast_operand(name, x, out_shape, out_dt).reshape(B, M, N)
 
     if beta != 0 and c is None:
         raise ValueError(f"beta = {beta} needs c")
-    c3 = out_operand("c", c) if beta != 0 else None  # c is read only when beta != 0 (params.h)
+    c3 = out_operand("c", c)
+    c3 = c3 if beta != 0 else None  # c is read only when beta != 0 (params.h)
     res3 = out_operand("residual", residual)
     if bias is not None:
         bias = _float_operand("bias", bias, _bias_dtype(a.dtype))
@@ -268,7 +269,6 @@ def gemm_call(
         tf32=tf32,
         plan=config.KNOBS.plan,
     )
-    out_shape = batch + ((M,) if not vec_a else ()) + ((N,) if not vec_b else ())
     return Call(cfg, (a3, b3, None, bias, c3, res3, a_scale, b_scale), out_shape)
 
 
