@@ -5,6 +5,7 @@
 #include "attention/instantiations/support.h"
 #include "attention/params.h"
 #include "common/registration.h"
+#include "gemm/params.h"
 #include "lsmr/params.h"
 #include "sparse/heuristics.h"
 #include "sparse/slab_spmv_params.h"
@@ -21,6 +22,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsSparseCsrSpmmCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsSparseSlabSpmvCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsAttentionFwdCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsAttentionBwdCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsGemmCpu);
 
 namespace nb = nanobind;
 
@@ -38,6 +40,7 @@ NB_MODULE(_jax_ops_cpu, m) {
     targets["jax_ops_sparse_slab_spmv"] = jax_ops::HandlerCapsule(JaxOpsSparseSlabSpmvCpu);
     targets["jax_ops_attention_fwd"] = jax_ops::HandlerCapsule(JaxOpsAttentionFwdCpu);
     targets["jax_ops_attention_bwd"] = jax_ops::HandlerCapsule(JaxOpsAttentionBwdCpu);
+    targets["jax_ops_gemm"] = jax_ops::HandlerCapsule(JaxOpsGemmCpu);
     return targets;
   });
   m.def("constants", []() {
@@ -106,6 +109,16 @@ NB_MODULE(_jax_ops_cpu, m) {
     constants["lsmr_norm_vector_bytes"] = jax_ops::lsmr::kVectorBytes;
     constants["lsmr_partial_norms_unroll"] = jax_ops::lsmr::PartialNormsUpdate::kUnroll;
     constants["lsmr_columns_cta_elems"] = jax_ops::lsmr::kColumnsCtaElems;
+
+    // gemm
+    {
+      namespace gm = jax_ops::gemm;
+      constants["gemm_activations"] = names(gm::kActivationNames);
+      constants["gemm_plans"] = names(gm::kPlanNames);
+      constants["gemm_gated_none"] = static_cast<int64_t>(gm::Gated::kNone);
+      constants["gemm_gated_separate"] = static_cast<int64_t>(gm::Gated::kSeparate);
+      constants["gemm_gated_packed"] = static_cast<int64_t>(gm::Gated::kPacked);
+    }
 
     return constants;
   });

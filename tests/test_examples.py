@@ -59,11 +59,11 @@ def _readme_snippets() -> list[str]:
     return [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
 
 
-@pytest.mark.parametrize("index", range(3), ids=["attention", "sparse", "lsmr"])
+@pytest.mark.parametrize("index", range(4), ids=["attention", "sparse", "lsmr", "gemm"])
 def test_readme_snippet_runs(index, capsys):
     """The README's per-family snippets run as written (CPU; the default implementation)."""
     snippets = _readme_snippets()
-    assert len(snippets) == 3
+    assert len(snippets) == 4
     exec(compile(snippets[index], f"README.md snippet {index}", "exec"), {})
     printed = capsys.readouterr().out
     assert printed.strip()
@@ -71,3 +71,5 @@ def test_readme_snippet_runs(index, capsys):
         assert float(printed.split()[-1]) < 1e-4  # attention matches jax.nn
     if index == 1:
         assert printed.startswith("True")  # CSRPair.matvec == sparse.matmul
+    if index == 3:
+        assert printed.split()[-1] == "bfloat16"  # linear / gated_linear keep the input dtype

@@ -1,0 +1,72 @@
+"""The raw FFI call of ``jax_ops_gemm`` (contract: ffi_cuda/gemm/params.h): the op's layout (validation.Call) to
+the contract's (a packed gated weight [Bb, K, 2, N] -> [Bb, K, 2N], gated bias/b_scale [2, N] -> [2N]), the
+0-element buffers of absent operands, and whether this platform has the kernel."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_ops import _ffi
+from jax_ops._src import dispatch
+from jax_ops._src.gemm.validation import Config
+
+TARGET = "jax_ops_gemm"
+
+
+def absent() -> jax.Array:
+    """The contract's absent optional operand: a 0-element array."""
+    return jnp.zeros((0,), jnp.float32)
+
+
+def fill(operands) -> tuple:
+    return tuple(absent() if x is None else x for x in operands)
+
+
+def dims(cfg: Config, a, b) -> tuple[int, int, int, int]:
+    """(B, M, N, K) of the op's operands."""
+    B = a.shape[0]
+    M, K = (a.shape[2], a.shape[1]) if cfg.transpose_a else (a.shape[1], a.shape[2])
+    N = b.shape[3] if cfg.gated == "packed" else (b.shape[1] if cfg.transpose_b else b.shape[2])
+    return B, M, N, K
+
+
+def gemm_ffi(cfg: Config, a, b, b_up, bias, c, residual, a_scale, b_scale):
+    """``(out [B, M, N], preact)``: preact is [B, M, N] (gated [B, M, 2, N]) with write_preact, else 0 elements.
+
+    Shared weights (Bb = 1, a not transposed) fold the batch into M here, per shard: one GEMM of B*M rows."""
+    B, M, N, _ = dims(cfg, a, b)
+    gated = cfg.gated != "none"
+    if b.shape[0] == 1 and not cfg.transpose_a:
+        batch, rows = 1, B * M
+        a = a.reshape(1, rows, a.shape[2])
+        c, residual = (x.reshape(1, rows, N) if x.ndim == 3 else x for x in (c, residual))
+        a_scale = (
+            jnp.broadcast_to(a_scale.reshape(-1, M), (B, M)).reshape(rows) if a_scale.size > 1 else a_scale
+        )
+    else:
+        batch, rows = B, M
+        a_scale = a_scale.reshape(-1)  # [1, M] (B = 1) -> [M]
+    if cfg.gated == "packed":
+        b = b.reshape(b.shape[0], b.shape[1], 2 * N)
+    if gated:
+        bias, b_scale = bias.reshape(-1), b_scale.reshape(-1)
+    preact_shape = ((batch, rows, 2 * N) if gated else (batch, rows, N)) if cfg.write_preact else (0,)
+    shapes = (
+        jax.ShapeDtypeStruct((batch, rows, N), cfg.out_dtype),
+        jax.ShapeDtypeStruct(preact_shape, cfg.out_dtype),
+    )
+    out, preact = _ffi.ffi_call(
+        TARGET, shapes, a, b, b_up, bias, c, residual, a_scale, b_scale, **cfg.attrs()
+    )
+    out = out.reshape(B, M, N)
+    if cfg.write_preact:
+        preact = preact.reshape(B, M, 2, N) if gated else preact.reshape(B, M, N)
+    return out, preact
+
+
+def unsupported_reason() -> str | None:
+    """Why ``implementation="ffi"`` cannot run on this platform (None when it can)."""
+    if dispatch.platform() == "gpu" and TARGET not in _ffi.target_names("CUDA"):
+        return "this jax_ops build has no CUDA GEMM kernels"
+    return None
