@@ -1,6 +1,6 @@
 // Every dispatch rule of the CUDA GEMM, each a short function or constant with its reason in one line (the numbers
-// behind them are in docs/design/gemm.md). The CUDA handler (gemm_cuda.cu) folds the batch, then picks a kernel here;
-// the standalone harness (ffi_cuda/tools/gemm_bench.cu) runs the same rules.
+// behind them, from ffi_cuda/tools/gemm_bench.cu's time mode, are in docs/design/gemm.md). dispatch.h applies them
+// for the CUDA handler and the harness alike.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +28,8 @@ inline void FoldBatch(KernelArgs* args) {
 inline constexpr int64_t kSkinnyMaxM = 64;     // its accumulators hold at most 64 rows of op(a) (8 mma token tiles)
 inline constexpr int64_t kSkinnyMaxMFp8 = 16;  // fp8: twice the columns per lane; more rows would spill
 inline constexpr int kSkinnyMaxSplit = 8;      // CTAs per cluster sharing a column tile's K (the portable cluster size)
-// Fewest 16-deep K chunks per warp when splitting K over more CTAs: below that a CTA's time goes to its reduction.
+// Fewest K chunks (one mma deep) per warp when splitting K over more CTAs: below that a CTA's time goes to its
+// reduction.
 inline constexpr int64_t kSkinnyMinChunksPerWarp = 4;
 
 // Why the skinny kernel cannot run `args` (nullptr: it can). It streams b [K, N] along N (a transposed b has K
