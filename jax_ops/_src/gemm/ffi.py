@@ -4,6 +4,8 @@ the contract's (a packed gated weight [Bb, K, 2, N] -> [Bb, K, 2N], gated bias/b
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -12,6 +14,7 @@ from jax_ops._src import dispatch
 from jax_ops._src.gemm.validation import Config
 
 TARGET = "jax_ops_gemm"
+SKINNY_MAX_M_8BIT = 16  # heuristics.h kSkinnyMaxMFp8: above it an 8-bit GEMM runs on the Hopper kernel
 
 
 def absent() -> jax.Array:
@@ -47,6 +50,17 @@ def gemm_ffi(cfg: Config, a, b, b_up, bias, c, residual, a_scale, b_scale):
     else:
         batch, rows = B, M
         a_scale = a_scale.reshape(-1)  # [1, M] (B = 1) -> [M]
+    if (
+        rows > SKINNY_MAX_M_8BIT
+        and jnp.dtype(a.dtype).itemsize == 1
+        and not cfg.transpose_b
+        and cfg.gated != "packed"
+    ):
+        # 8-bit wgmma reads B K-major only: the Hopper kernel gets b as [Bb, N, K] (one transpose per call; weights
+        # stored as [N, K] with transpose_b=True avoid it). Decode-sized M keeps [K, N] for the skinny kernel.
+        b = jnp.swapaxes(b, 1, 2)
+        b_up = jnp.swapaxes(b_up, 1, 2) if cfg.gated == "separate" else b_up
+        cfg = dataclasses.replace(cfg, transpose_b=True)
     if cfg.gated == "packed":
         b = b.reshape(b.shape[0], b.shape[1], 2 * N)
     if gated:

@@ -1,0 +1,136 @@
+"""GEMM + epilogue suite: jax_ops.linear / gated_linear against the same expression in jnp under jit (XLA →
+cuBLASLt) and, when importable, tokamax's fused gated_linear_unit (../shared/peers).
+
+Each timed step feeds its whole output back as the loop carry (its first element, times zero, is added to the
+input), so nothing the kernel writes can be dropped and both sides pay the same tiny elementwise pass.
+Large shapes report TFLOP/s; decode shapes (M <= 64) TB/s of weight reads.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+import jax_ops
+from jax_ops.bench.harness import rel_l2, time_loop
+
+# (M, N, K): LLM projections and decode steps (M tokens, weights K x N).
+LARGE = [(8192, 8192, 8192), (4096, 11008, 4096), (4096, 4096, 11008), (16384, 4096, 4096)]
+DECODE = [(m, n, k) for m in (1, 4, 16, 64, 128) for n, k in ((4096, 4096), (11008, 4096), (14336, 8192))]
+KINDS = ("plain", "bias_gelu", "bias_gelu_res", "swiglu")
+
+
+def _cases(quick: bool):
+    large = LARGE[:2] if quick else LARGE
+    decode = [c for c in DECODE if c[0] in (1, 16)] if quick else DECODE
+    for dtype in (jnp.bfloat16,) if quick else (jnp.bfloat16, jnp.float16):
+        for m, n, k in large + decode:
+            for kind in KINDS:
+                yield {"M": m, "N": n, "K": k, "kind": kind, "dtype": dtype}
+
+
+def _name(c) -> str:
+    return f"{c['kind']} M{c['M']} N{c['N']} K{c['K']} {jnp.dtype(c['dtype']).name}"
+
+
+def _fns(kind: str):
+    """(jax_ops fn, jnp fn), each f(x, *weights) -> [M, N]."""
+    if kind == "plain":
+        return (lambda x, w: jax_ops.linear(x, w, implementation="ffi"), lambda x, w: x @ w)
+    if kind == "bias_gelu":
+        return (
+            lambda x, w, b: jax_ops.linear(x, w, b, activation="gelu", implementation="ffi"),
+            lambda x, w, b: jax.nn.gelu(x @ w + b.astype(x.dtype), approximate=False),
+        )
+    if kind == "bias_gelu_res":
+        return (
+            lambda x, w, b, r: jax_ops.linear(x, w, b, activation="gelu", residual=r, implementation="ffi"),
+            lambda x, w, b, r: jax.nn.gelu(x @ w + b.astype(x.dtype), approximate=False) + r,
+        )
+    return (
+        lambda x, wg, wu: jax_ops.gated_linear(x, wg, wu, implementation="ffi"),
+        lambda x, wg, wu: jax.nn.silu(x @ wg) * (x @ wu),
+    )
+
+
+def _operands(c):
+    m, n, k, dt = c["M"], c["N"], c["K"], c["dtype"]
+    keys = jax.random.split(jax.random.key(m * 7 + n), 5)
+    x = jax.random.normal(keys[0], (m, k), jnp.float32).astype(dt)
+    w = (jax.random.normal(keys[1], (k, n), jnp.float32) / k**0.5).astype(dt)
+    if c["kind"] == "plain":
+        return x, (w,)
+    if c["kind"] == "swiglu":
+        return x, (w, (jax.random.normal(keys[2], (k, n), jnp.float32) / k**0.5).astype(dt))
+    b = jax.random.normal(keys[3], (n,), jnp.float32)
+    if c["kind"] == "bias_gelu":
+        return x, (w, b)
+    return x, (w, b, jax.random.normal(keys[4], (m, n), jnp.float32).astype(dt))
+
+
+def _step(fn):
+    def step(out, x, *weights):
+        x = x + (out[0, 0] * 0).astype(x.dtype)
+        return fn(x, *weights)
+
+    return step
+
+
+def _tokamax_glu():
+    try:
+        import peers  # the ../shared/peers wrappers, on PYTHONPATH on the GPU machine
+
+        return peers.tokamax_glu("mosaic", fused=True)
+    except Exception:  # noqa: BLE001 - every peer is optional
+        return None
+
+
+def run(ctx) -> list[dict]:
+    on_gpu = jax.default_backend() == "gpu"
+    rows: list[dict] = []
+    cases = [c for c in _cases(ctx.quick) if ctx.selected(_name(c))]
+    if not on_gpu:  # the CPU twin is a correctness twin: time a small shape only
+        cases = [{"M": 256, "N": 256, "K": 256, "kind": k, "dtype": jnp.float32} for k in KINDS]
+    glu = _tokamax_glu() if on_gpu else None
+    progress = ctx.progress(len(cases), "gemm", rows)
+    for c in cases:
+        name, m, n, k = _name(c), c["M"], c["N"], c["K"]
+        x, weights = _operands(c)
+        ours, ref_fn = _fns(c["kind"])
+        flops = 2 * m * n * k * (2 if c["kind"] == "swiglu" else 1)
+        weight_bytes = (2 if c["kind"] == "swiglu" else 1) * k * n * jnp.dtype(c["dtype"]).itemsize
+        ref = jax.jit(ref_fn)(x.astype(jnp.float32), *(w.astype(jnp.float32) for w in weights))
+        impls = {"jax_ops": ours, "xla": ref_fn}
+        if glu is not None and c["kind"] == "swiglu":
+            impls["tokamax"] = lambda x, wg, wu: glu(x, jnp.stack([wg, wu], axis=1))
+        times = {}
+        for impl, fn in impls.items():
+            row = {"case": name, "impl": impl, "time_us": None}
+            operands = weights
+            if impl == "tokamax":  # the fused [K, 2, N] weight built once, outside the timed step
+                packed = jnp.stack(weights, axis=1)
+                operands = (packed,)
+
+                def fn(x, w, _glu=glu):
+                    return _glu(x, w)
+
+            try:
+                out = jax.jit(fn)(x, *operands)
+                t = time_loop(_step(fn), out, x, *operands)
+            except Exception as e:  # noqa: BLE001 - e.g. a peer refusing a shape
+                row["note"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:90]}"
+                rows.append(row)
+                continue
+            times[impl] = t
+            row.update(time_us=t * 1e6, TFLOPs=flops / t / 1e12, rel_l2_err=rel_l2(out, ref))
+            if m <= 128:
+                row["weights_TBps"] = weight_bytes / t / 1e12
+            rows.append(row)
+        for row in rows:
+            if row["case"] == name and row.get("time_us") and "xla" in times:
+                row["vs_xla"] = times["xla"] / (row["time_us"] / 1e6)
+        progress.step(name)
+    return rows
+
+
+__all__ = ["run"]
