@@ -165,6 +165,30 @@ def _check_pair(a, b, b_name: str = "b") -> None:
         )
 
 
+def _scales(dtype, a_scale, b_scale, batch, M: int, N: int):
+    """The dequantisation scales of float8 / int8 as [1], [M] or [B, M] (``batch`` given: per token) and [1] or
+    [N], float32; None for float inputs (where they are an error)."""
+    if kind(dtype) not in ("fp8", "int8"):
+        if a_scale is not None or b_scale is not None:
+            raise ValueError(f"a_scale / b_scale apply to float8 and int8 inputs only, not {dtype}")
+        return None, None
+    if a_scale is None or b_scale is None:
+        raise ValueError(f"{dtype} inputs need a_scale and b_scale (float32 dequantisation scales)")
+    a_scale, b_scale = _float_operand("a_scale", a_scale, F32), _float_operand("b_scale", b_scale, F32)
+    if a_scale.size == 1:
+        a_scale = a_scale.reshape(1)
+    elif batch and a_scale.shape == batch + (M,):
+        a_scale = a_scale.reshape(math.prod(batch), M)
+    elif a_scale.shape != (M,):
+        per_token = f" or per row of each batch {batch + (M,)}" if batch else ""
+        raise ValueError(f"a_scale must be a scalar, per row ({M},){per_token}, got {a_scale.shape}")
+    if b_scale.size == 1:
+        b_scale = b_scale.reshape(1)
+    elif b_scale.shape != (N,):
+        raise ValueError(f"b_scale must be a scalar or per column ({N},), got {b_scale.shape}")
+    return a_scale, b_scale
+
+
 def gemm_call(
     a,
     b,
@@ -216,9 +240,7 @@ def gemm_call(
     a3 = jnp.broadcast_to(a, batch + a_mat).reshape(B, *a_mat)
     Bb = 1 if math.prod(b.shape[:-2]) == 1 else B
     b3 = jnp.broadcast_to(b, (batch if Bb > 1 else ()) + b_mat).reshape(Bb, *b_mat)
-    per_token = (
-        Bb == 1 and not ta
-    )  # the kernel call folds the batch into M: a_scale may be per row of each batch
+    per_token = Bb == 1 and not ta  # the kernel folds the batch into M: a row scale may differ per batch
     out_shape = batch + ((M,) if not vec_a else ()) + ((N,) if not vec_b else ())
 
     def out_operand(name, x):
@@ -235,30 +257,7 @@ def gemm_call(
         bias = _float_operand("bias", bias, _bias_dtype(a.dtype))
         if bias.shape != (N,):
             raise ValueError(f"bias must have shape ({N},) (one value per output column), got {bias.shape}")
-    scaled = kind(a.dtype) in ("fp8", "int8")
-    if not scaled and (a_scale is not None or b_scale is not None):
-        raise ValueError(f"a_scale / b_scale apply to float8 and int8 inputs only, not {a.dtype}")
-    if scaled and (a_scale is None or b_scale is None):
-        raise ValueError(f"{a.dtype} inputs need a_scale and b_scale (float32 dequantisation scales)")
-    if scaled:
-        a_scale = _float_operand("a_scale", a_scale, F32)
-        b_scale = _float_operand("b_scale", b_scale, F32)
-        if a_scale.size == 1:
-            a_scale = a_scale.reshape(1)
-        elif a_scale.shape == (M,):
-            pass
-        elif per_token and a_scale.shape == batch + (M,):
-            a_scale = a_scale.reshape(B, M)
-        else:
-            raise ValueError(
-                f"a_scale must be a scalar, per row ({M},)"
-                + (f" or per row of each batch {batch + (M,)}" if per_token and batch else "")
-                + f", got {a_scale.shape}"
-            )
-        if b_scale.size == 1 and b_scale.ndim <= 1:
-            b_scale = b_scale.reshape(1)
-        elif b_scale.shape != (N,):
-            raise ValueError(f"b_scale must be a scalar or per column ({N},), got {b_scale.shape}")
+    a_scale, b_scale = _scales(a.dtype, a_scale, b_scale, batch if per_token else None, M, N)
     cfg = Config(
         out_dtype=out_dt,
         activation=act,
