@@ -320,8 +320,10 @@ void MakeOperands(const Case& c, Operands* o, std::mt19937& rng) {
   if (c.bias) o->bias.Random(bias_dt, gate_cols, rng, -1, 1);
   if (c.c) o->c.Random(c.out, mn, rng, -1, 1);
   if (c.residual) o->residual.Random(c.out, mn, rng, -1, 1);
-  if (c.a_scale) o->a_scale.Random(DT::F32, c.a_scale == 1 ? 1 : c.m, rng, 0.5, 1.5);
-  if (c.b_scale) o->b_scale.Random(DT::F32, c.b_scale == 1 ? 1 : gate_cols, rng, 0.5, 1.5);
+  // int8 operands are integers up to 100: scales near 1/100 keep a gated product inside float16's range.
+  const double scale_unit = c.a == DT::S8 ? 0.01 : 1.0;
+  if (c.a_scale) o->a_scale.Random(DT::F32, c.a_scale == 1 ? 1 : c.m, rng, 0.5 * scale_unit, 1.5 * scale_unit);
+  if (c.b_scale) o->b_scale.Random(DT::F32, c.b_scale == 1 ? 1 : gate_cols, rng, 0.5 * scale_unit, 1.5 * scale_unit);
   o->out.Poisoned(c.out, mn);
   if (c.preact) o->preact.Poisoned(c.out, c.batch * c.m * (c.gated == Gated::kNone ? c.n : 2 * c.n));
 }
