@@ -217,24 +217,6 @@ def test_empty_matrix():
     assert pair.rmatvec(jnp.ones((3,))).shape == (0,)
 
 
-def test_bcoo_padding_duplicates_unsorted():
-    m, k = 6, 5
-    rows = np.array([3, 0, 3, 5, 0, 3, 6, -1, 2])
-    cols = np.array([1, 4, 1, 0, 2, 1, 0, 2, 7])  # (3,1) three times; (6,0), (-1,2), (2,7) are padding
-    vals = np.arange(1, 10, dtype=np.float32)
-    A = jsparse.BCOO((jnp.asarray(vals), jnp.asarray(np.stack([rows, cols], 1), jnp.int32)), shape=(m, k))
-    d = np.zeros((m, k))
-    for r, c, v in zip(rows, cols, vals):
-        if 0 <= r < m and 0 <= c < k:
-            d[r, c] += v
-    x = _rand((k, 3), np.float32)
-    assert _rel(ffi_matmul(A, x), d @ _f64(x)) < 1e-6
-    pair = ffi_pair(A)
-    u = _rand((m,), np.float32)
-    assert _rel(pair.rmatvec(u), d.T @ _f64(u)) < 1e-6
-    assert _rel(jax.jit(lambda A, x: ffi_matmul(A, x))(A, x), d @ _f64(x)) < 1e-6
-
-
 def test_invalid_bcsr_stays_in_bounds():
     # indptr not monotone, past nnz, negative; columns >= K and < 0: clamped/skipped, documented semantics.
     data = jnp.arange(1, 7, dtype=jnp.float32)

@@ -219,7 +219,16 @@ def as_operator(A, dtype, implementation):
         import scipy.sparse as sp
 
         if sp.issparse(A):
-            A = sparse.BCOO.from_scipy_sparse(A)
+            if len(A.shape) != 2:
+                raise ValueError(f"sparse A must be a 2-D matrix, got shape {A.shape}")
+            check_real_dtype("A", A.dtype)
+            A = A.tocsr().astype(dtype)
+            if implementation != "xla":  # its CSR as is (no sort); the transpose sorted once on device
+                from jax_ops.sparse import CSRPair
+
+                A = CSRPair.from_matrix(A, implementation=implementation)
+            else:
+                A = sparse.BCOO.from_scipy_sparse(A)
     except ImportError:
         pass
     if isinstance(A, (sparse.BCOO, sparse.BCSR)):
@@ -229,8 +238,13 @@ def as_operator(A, dtype, implementation):
                 f"(n_batch={A.n_batch}, n_dense={A.n_dense})"
             )
         check_float_dtype("A", A.dtype)
-        if np.dtype(A.dtype) != dtype:
-            A = type(A)((A.data.astype(dtype), *A._bufs[1:]), shape=A.shape)  # noqa: SLF001
+        if np.dtype(A.dtype) != dtype and isinstance(A, sparse.BCOO):  # keeping its sorted/unique flags
+            A = sparse.BCOO(
+                (A.data.astype(dtype), A.indices), shape=A.shape,
+                indices_sorted=A.indices_sorted, unique_indices=A.unique_indices,
+            )  # fmt: skip
+        elif np.dtype(A.dtype) != dtype:
+            A = sparse.BCSR((A.data.astype(dtype), A.indices, A.indptr), shape=A.shape)
         if implementation != "xla":
             # Converted once, outside the loop: both products become row-major sweeps.
             from jax_ops.sparse import CSRPair
@@ -253,16 +267,19 @@ def as_operator(A, dtype, implementation):
     if hasattr(A, "shape") and hasattr(A, "dtype"):
         if len(A.shape) != 2:
             raise ValueError(f"A must be a 2-D matrix, got shape {tuple(A.shape)}")
-        if not (
-            np.issubdtype(np.dtype(A.dtype), np.floating) or np.issubdtype(np.dtype(A.dtype), np.integer)
-        ):
-            raise TypeError(f"A must be real (float or integer), got dtype {np.dtype(A.dtype)}")
+        check_real_dtype("A", A.dtype)
         a = jnp.asarray(A, dtype=dtype)
         return Dense(int(A.shape[0]), int(A.shape[1])), [a]
     raise TypeError(
         "A must be a dense array, a jax.experimental.sparse BCOO/BCSR, a scipy.sparse matrix, a "
         f"jax_ops.sparse.CSRPair or an object with shape/matvec/rmatvec; got {type(A).__name__}"
     )
+
+
+def check_real_dtype(name, dtype):
+    """A real (float or integer) dtype, which is cast to the solve dtype; complex is not supported."""
+    if not (np.issubdtype(np.dtype(dtype), np.floating) or np.issubdtype(np.dtype(dtype), np.integer)):
+        raise TypeError(f"{name} must be real (float or integer), got dtype {np.dtype(dtype)}")
 
 
 def check_float_dtype(name, dtype):
