@@ -16,11 +16,15 @@ f64), int32 indices. nnz and dims must be < 2^31.
 
 Semantics: BCOO indices as in jax.experimental.sparse: [-dim, -1] wraps numpy-style, any other index outside the
 matrix is padding and contributes nothing; duplicates are summed. A BCOO with ``indices_sorted`` converts to CSR
-by counting its rows (no sort); any other BCOO is sorted per call (docs/sparse.md: the cost model). Invalid BCSR never reads or writes out of bounds: each row r uses
-[clamp(indptr[r], 0, nnz), clamp(indptr[r+1], that, nnz)) (a decreasing indptr gives an empty row), and entries
-whose column is outside [0, K) contribute nothing. A CSRPair (and the "split" algorithm) first makes indptr
-monotone (running maximum of the clamped indptr), so on invalid input the two may differ; both are finite
-and write every output.
+by counting its rows (no sort); any other BCOO is sorted per call (docs/sparse.md: the cost model). Invalid BCSR never reads or writes out of bounds: the default plan, a CSRPair and
+the "split" algorithm first make indptr monotone (running maximum of the indptr clamped to [0, nnz]); a forced
+vector/warp/cta plan uses per row [clamp(indptr[r], 0, nnz), clamp(indptr[r+1], that, nnz)) (a decreasing
+indptr gives an empty row), so on invalid input the two may differ; both are finite and write every output.
+Entries whose column is outside [0, K) contribute nothing.
+
+Dispatch: a CSRPair built outside jit picks its plans from host row profiles; everything else (BCSR, BCOO,
+scipy, a pair built under jit, the transpose of a backward pass) takes the profile-free split plan, whose cost
+is bounded for any row-length distribution (docs/design/sparse.md).
 
 Gradients: ``custom_vjp`` w.r.t. the values (the sampled product g[row]·B[col]), the dense operand (Aᵀ g through
 the pair's transpose, or a transpose built in the backward pass for plain BCSR/BCOO), and alpha, beta, y.

@@ -23,7 +23,7 @@ from jax_ops._src.sparse.formats import (
     _transpose_csr,
     bcoo_conversion,
 )
-from jax_ops._src.sparse.plan import ALGORITHMS, plan_unpaired
+from jax_ops._src.sparse.plan import ALGORITHMS, plan_unpaired, unpaired_takes_split
 from jax_ops._src.sparse.vjp import _apply, _Static
 
 
@@ -63,12 +63,17 @@ def _is_plain_2d(A) -> bool:
 
 def _plain_product(A, B, *, algorithm, split_chunk, implementation, name, transpose, conversion):
     """``op(A) @ B`` for a BCSR/BCOO/scipy matrix through its CSR (or a transpose built here), no profile."""
+    from jax.experimental import sparse as jsparse
+
     indptr, indices, values, m, k = _csr_of(A, transpose, conversion)
     nnz = int(indices.shape[0])
     b2, vec = _dense(name, B, k, values.dtype, what=f"{'Aᵀ' if transpose else 'A'} of shape {(m, k)}")
     impl = backend(implementation)
-    if algorithm in ("split", "cusparse") or impl == "xla":
-        indptr = _sanitize_indptr(indptr, nnz)  # (cusparse runs as split here: the columns are not checked)
+    # split (also cusparse, which runs as split here: the columns are not checked) and the reference need a
+    # monotone indptr; a BCOO's conversion and a transpose give one already
+    monotone = transpose or isinstance(A, jsparse.BCOO)
+    if (unpaired_takes_split(algorithm, nnz, m) or impl == "xla") and not monotone:
+        indptr = _sanitize_indptr(indptr, nnz)
     plan, lr, lp = plan_unpaired(indptr, nnz, m, algorithm, split_chunk)
     n = b2.shape[1]
     acc = _acc_dtype(values.dtype)
@@ -145,8 +150,9 @@ def matmul(
 
     Args:
       algorithm: force one of ALGORITHMS (testing; "cusparse" on a BCSR/BCOO runs as split, since only a CSRPair
-        build checks the column indices cuSPARSE needs); None uses the row profile of a CSRPair or, for BCSR/BCOO,
-        the static average row length (vector or warp).
+        build checks the column indices cuSPARSE needs); None uses the row profile of a CSRPair built outside jit,
+        and otherwise (BCSR, BCOO, scipy, a traced pair) the profile-free plan: split whenever a row can be
+        longer than a split chunk, whose cost is bounded for any row lengths.
       split_chunk: nnz per work unit of the split algorithm.
       implementation: None (the kernel: on the CPU its twin, faster there than the reference), "ffi" (the kernel)
         or "xla" (the jnp reference).
