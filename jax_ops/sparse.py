@@ -7,17 +7,24 @@ Public API:
     row profiles of both, which pick the kernel statically. ``.matvec``, ``.rmatvec`` (a row-major sweep of
     CSR(Aᵀ), no atomics), ``.matmat``, ``.rmatmat``, ``.T``, ``.shape``, ``.dtype``. Every product takes the fused
     epilogue ``out = alpha * (A @ B) + beta * y`` (alpha/beta run-time 0-d or per-column arrays), which is what
-    LSMR's ``u <- A v - alpha u`` needs in one pass.
+    LSMR's ``u <- A v - alpha u`` needs in one pass. ``pair @ x`` and ``u @ pair`` (= ``pair.T @ u``).
 
 Dtypes: values f16, bf16, f32, f64 (the dense operand has the same dtype; half types accumulate in f32, f64 in
 f64), int32 indices. nnz and dims must be < 2^31.
 
-Semantics: BCOO entries with an index out of range are padding and contribute nothing; duplicates are summed;
-unsorted BCOO is sorted once when converted. Invalid BCSR never reads or writes out of bounds: each row r uses
-[clamp(indptr[r], 0, nnz), clamp(indptr[r+1], that, nnz)) (a decreasing indptr gives an empty row), and entries
-whose column is outside [0, K) contribute nothing. A CSRPair (and the "split" algorithm) first makes indptr
-monotone (running maximum of the clamped indptr), so on invalid input the two may differ; both are finite
-and write every output.
+  * ``to_csr(A)``: a BCOO/scipy matrix as a BCSR, the conversion ``matmul`` makes per call, made once.
+
+Semantics: BCOO indices as in jax.experimental.sparse: [-dim, -1] wraps numpy-style, any other index outside the
+matrix is padding and contributes nothing; duplicates are summed. A BCOO with ``indices_sorted`` converts to CSR
+by counting its rows (no sort); any other BCOO is sorted per call (docs/sparse.md: the cost model). Invalid BCSR never reads or writes out of bounds: the default plan, a CSRPair and
+the "split" algorithm first make indptr monotone (running maximum of the indptr clamped to [0, nnz]); a forced
+vector/warp/cta plan uses per row [clamp(indptr[r], 0, nnz), clamp(indptr[r+1], that, nnz)) (a decreasing
+indptr gives an empty row), so on invalid input the two may differ; both are finite and write every output.
+Entries whose column is outside [0, K) contribute nothing.
+
+Dispatch: a CSRPair built outside jit picks its plans from host row profiles; everything else (BCSR, BCOO,
+scipy, a pair built under jit, the transpose of a backward pass) takes the profile-free split plan, whose cost
+is bounded for any row-length distribution (docs/design/sparse.md).
 
 Gradients: ``custom_vjp`` w.r.t. the values (the sampled product g[row]·B[col]), the dense operand (Aᵀ g through
 the pair's transpose, or a transpose built in the backward pass for plain BCSR/BCOO), and alpha, beta, y.
@@ -34,7 +41,7 @@ Knobs (``with overrides(...)``): ``slab_smem_bytes`` (the slab width budget) and
 
 from __future__ import annotations
 
-from jax_ops._src.sparse.api import matmul, profile_of, spmm, spmv
+from jax_ops._src.sparse.api import matmul, profile_of, spmm, spmv, to_csr
 from jax_ops._src.sparse.blocks import BlockPlan, Blocks, block_rows_host
 from jax_ops._src.sparse.config import overrides
 from jax_ops._src.sparse.csr_pair import CSRPair, csr_pair
@@ -82,6 +89,7 @@ __all__ = [
     "spmm",
     "spmm_takes_split",
     "spmv",
+    "to_csr",
 ]
 
 # Native constants, read from the compiled module on first use (jax_ops._ffi.constants()).

@@ -85,10 +85,22 @@ MATRICES = {
 #   bcsr, bcoo, scipy: sparse.matmul(A, B) on a BCSR / a shuffled (unsorted) BCOO / the scipy matrix
 #   spmv_spmm:        sparse.spmv(A, x) for N = None, sparse.spmm(A, B) otherwise, on the BCSR
 #   jit_bcsr:         jax.jit(sparse.matmul)(A, B) on the BCSR (traced: no host profile)
+#   jit_bcoo_sorted:  jax.jit(sparse.matmul)(A, B) on a BCOO with indices_sorted (traced: rows counted, no sort)
 #   pair, pair_t:     CSRPair matvec/matmat and rmatvec/rmatmat
 #   pair_T:           CSRPair.T.matvec/matmat (Aᵀ B through the swapped pair)
 #   left:             sparse.matmul(U, A) for dense U [M] / [N, M]
-ENTRIES = ["bcsr", "bcoo", "scipy", "spmv_spmm", "jit_bcsr", "pair", "pair_t", "pair_T", "left"]
+ENTRIES = [
+    "bcsr",
+    "bcoo",
+    "scipy",
+    "spmv_spmm",
+    "jit_bcsr",
+    "jit_bcoo_sorted",
+    "pair",
+    "pair_t",
+    "pair_T",
+    "left",
+]
 
 # alpha/beta/y epilogues of the CSRPair products: (alpha, beta, with y); "col" = a per-column [N] array
 # (scalars exact in every dtype, so the float64 reference uses the kernels' coefficients)
@@ -169,15 +181,16 @@ def bcsr(a, dtype, device=None):
     return jsparse.BCSR(arrs, shape=a.shape)
 
 
-def bcoo(a, dtype, seed=0, device=None):
-    """BCOO of a scipy matrix with its entries in a random order (unsorted, no duplicates)."""
+def bcoo(a, dtype, seed=0, device=None, sorted_=False):
+    """BCOO of a scipy matrix with its entries in a random order (unsorted, no duplicates), or in (row, col)
+    order with ``indices_sorted`` set (``sorted_``)."""
     coo = a.tocoo()
-    perm = np.random.default_rng(seed).permutation(coo.nnz)
+    perm = np.lexsort((coo.col, coo.row)) if sorted_ else np.random.default_rng(seed).permutation(coo.nnz)
     idx = np.stack([coo.row[perm], coo.col[perm]], 1).astype(np.int32).reshape(-1, 2)
     arrs = (jnp.asarray(coo.data[perm], dtype), jnp.asarray(idx))
     if device is not None:
         arrs = jax.device_put(arrs, device)
-    return jsparse.BCOO(arrs, shape=a.shape)
+    return jsparse.BCOO(arrs, shape=a.shape, indices_sorted=sorted_)
 
 
 def dense(shape, dtype, seed=1, device=None):
@@ -207,6 +220,9 @@ def run_entry(entry: str, a, ref, n, dtype, implementation: str, device=None):
         return f(A, b, **kw), ref @ b64
     if entry == "jit_bcsr":
         return jax.jit(lambda A, b: sparse.matmul(A, b, **kw))(A, b), ref @ b64
+    if entry == "jit_bcoo_sorted":
+        S = bcoo(a, dtype, device=device, sorted_=True)
+        return jax.jit(lambda A, b: sparse.matmul(A, b, **kw))(S, b), ref @ b64
     pair = sparse.csr_pair(A, **kw)
     if entry == "pair":
         return (pair.matvec(b) if n is None else pair.matmat(b)), ref @ b64
@@ -221,11 +237,13 @@ def run_entry(entry: str, a, ref, n, dtype, implementation: str, device=None):
 
 
 def entries_for(dtype, implementation: str = "ffi") -> list[str]:
-    """The entry points of a case: "scipy" for f32/f64 (what scipy.sparse holds), "jit_bcsr" for float32 (the
-    traced plan does not depend on the dtype); on "xla" (whose every new nnz and shape costs compiles) neither
-    "jit_bcsr" nor "bcoo" (the same jnp product as "bcsr" after the BCOO -> CSR conversion, which "ffi" checks)."""
+    """The entry points of a case: "scipy" for f32/f64 (what scipy.sparse holds), "jit_bcsr" and "jit_bcoo_sorted"
+    for float32 (the traced plan and the conversion do not depend on the dtype); on "xla" (whose every new nnz and
+    shape costs compiles) none of those nor "bcoo" (the same jnp product as "bcsr" after the BCOO -> CSR
+    conversion, which "ffi" checks)."""
     d = np.dtype(dtype)
-    skip = {"jit_bcsr", "bcoo"} if implementation == "xla" else set() if d == np.float32 else {"jit_bcsr"}
+    traced = {"jit_bcsr", "jit_bcoo_sorted"}
+    skip = traced | {"bcoo"} if implementation == "xla" else set() if d == np.float32 else traced
     return [e for e in ENTRIES if e not in skip and (e != "scipy" or d.itemsize >= 4)]
 
 

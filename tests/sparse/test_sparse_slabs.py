@@ -154,7 +154,7 @@ def test_bcoo_padding_duplicates_with_slabs(width):
     rows[:50] = rows[50:100]  # duplicates
     cols[:50] = cols[50:100]
     rows[-30:] = m + 5  # padding: out-of-range indices contribute nothing
-    cols[-60:-30] = -1
+    cols[-60:-30] = -n - 1  # below -K: padding too ([-K, -1] would wrap, as in JAX)
     vals = rng.standard_normal(nnz).astype(np.float32)
     A = jsparse.BCOO((jnp.asarray(vals), jnp.asarray(np.stack([rows, cols], 1), jnp.int32)), shape=(m, n))
     keep = (rows < m) & (cols >= 0)

@@ -25,7 +25,9 @@ Operators (``A``):
   * a dense ``[m, n]`` array (numpy or jax);
   * ``jax.experimental.sparse.BCOO`` / ``BCSR`` (converted once, outside the loop, to ``jax_ops.sparse.CSRPair``
     when that module exists, else used through ``jax.experimental.sparse`` products), ``scipy.sparse`` matrices
-    (converted to BCOO on the host);
+    (their CSR to a CSRPair);
+  * ``scipy.sparse.linalg.LinearOperator``: the matrix it wraps (``aslinearoperator(S)``), else its host
+    matmat/rmatmat through ``jax.pure_callback`` (``operators.HostOperator``);
   * ``jax_ops.sparse.CSRPair`` or any object with ``shape`` (``(m, n)``), ``matvec(v[n]) -> [m]`` and
     ``rmatvec(u[m]) -> [n]`` (jax-traceable, vmappable). Optional fused forms, used when present:
     ``matvec_axpby(v, y, beta) -> A v + beta*y`` and ``rmatvec_axpby(u, y, beta) -> A^T u + beta*y``
@@ -42,18 +44,16 @@ reduction) and use XLA's float32 tree reductions without it.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jax_ops import _checks
 from jax_ops._src import dispatch
+from jax_ops._src.lsmr import arguments, progress
 from jax_ops._src.lsmr.config import ITERATIONS, KNOBS, LoopConfig
 from jax_ops._src.lsmr.heuristics import DEFAULT_ON_CPU, default_unroll
-from jax_ops._src.lsmr.operators import as_operator, check_float_dtype
+from jax_ops._src.lsmr.operators import as_operator
 from jax_ops._src.lsmr.types import ColParams, LSMRResult
 from jax_ops._src.lsmr.vjp import block_solver
 
@@ -82,24 +82,6 @@ def _at_top_level() -> bool:
         return False
 
 
-def _scalar(name, value, dtype):
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    if isinstance(value, (int, float, np.integer, np.floating)):
-        if math.isnan(float(value)):
-            raise ValueError(f"{name} must not be NaN")
-        return jnp.full((1,), value, dtype), float(value)
-    arr = jnp.asarray(value)
-    if arr.shape != ():
-        raise ValueError(
-            f"{name} must be a scalar, got shape {arr.shape} (vmap over it for per-column values)"
-        )
-    if not jnp.issubdtype(arr.dtype, jnp.floating) and not jnp.issubdtype(arr.dtype, jnp.integer):
-        raise TypeError(f"{name} must be a real number, got dtype {arr.dtype}")
-    concrete = None if isinstance(arr, jax.core.Tracer) else float(arr)
-    return arr.astype(dtype).reshape(1), concrete
-
-
 def lsmr(
     A: Any,
     b: jax.Array,
@@ -108,6 +90,7 @@ def lsmr(
     btol: float | jax.Array = 1e-6,
     conlim: float | jax.Array = 1e8,
     maxiter: int | jax.Array | None = None,
+    show: bool = False,
     x0: jax.Array | None = None,
     *,
     implementation: str | None = None,
@@ -120,11 +103,19 @@ def lsmr(
 
     Args:
       A: ``[m, n]`` operator: dense array, ``jax.experimental.sparse.BCOO``/``BCSR``, ``scipy.sparse`` matrix,
-        ``jax_ops.sparse.CSRPair``, or an object with ``shape``, ``matvec`` and ``rmatvec`` (see module doc).
-      b: ``[m]`` float32 or float64 right-hand side; its dtype sets the precision. ``jax.vmap`` over ``b``
-        (and/or ``x0``, ``damp``, ``atol``, ...) runs one block solve for all right-hand sides.
-      damp, atol, btol, conlim: as in SciPy (Python numbers or scalar arrays; traced values do not recompile).
-      maxiter: iteration limit, default ``min(m, n)`` (SciPy's default).
+        ``jax_ops.sparse.CSRPair``, a ``scipy.sparse.linalg.LinearOperator`` (``aslinearoperator(S)``: S is
+        used on the device; any other: its matmat/rmatmat on the host through ``jax.pure_callback``), or an
+        object with ``shape``, ``matvec`` and ``rmatvec`` (see module doc).
+      b: ``[m]`` right-hand side, coerced as SciPy does (``[m, 1]``, lists, Python numbers, integer arrays). A
+        float32/float64 ``b`` sets the precision; otherwise A's float dtype does, else JAX's default float.
+        float64 without ``jax_enable_x64`` warns and runs in float32; complex raises ``TypeError``.
+        ``jax.vmap`` over ``b`` (and/or ``x0``, ``damp``, ``atol``, ...) runs one block solve for all of them.
+      damp, atol, btol, conlim: as in SciPy (Python numbers or scalar arrays; traced values do not recompile):
+        a negative damp acts as ``|damp|``, a negative atol/btol never stops the solve by its own test.
+      maxiter: iteration limit, default ``min(m, n)``; SciPy's meaning for any number (a float runs
+        ``ceil(maxiter)`` iterations, <= 0 or NaN none, inf without limit).
+      show: outside any trace, print SciPy-style text before and after the solve (not per iteration: the loop
+        runs on the device); ignored under jit/vmap/grad.
       x0: optional ``[n]`` initial guess.
       implementation: ``None`` (the fastest correct path for the platform: on a GPU the fused FFI kernels with
         CSRPair products for sparse inputs; on the CPU the ``"xla"`` path, measured faster than the CPU twin),
@@ -147,49 +138,19 @@ def lsmr(
     chosen = dispatch.choose("lsmr", implementation, default_on_cpu=DEFAULT_ON_CPU)
     # "ffi" chosen for None keeps None downstream: the products (CSRPair) keep their own fallbacks
     implementation = "xla" if chosen == "xla" else implementation
-    _checks.check_array("b", b)
-    b = jnp.asarray(b)
-    check_float_dtype("b", b.dtype)
-    if b.ndim != 1:
-        raise ValueError(
-            f"b must be a vector [m], got shape {tuple(b.shape)}; use jax.vmap for several right-hand sides"
-        )
-    dtype = np.dtype(b.dtype)
+    b, b_typed = arguments.coerce_b(b)
+    dtype = arguments.solve_dtype(b, b_typed, getattr(A, "dtype", None))
+    b = jnp.asarray(b).astype(dtype)
     spec, leaves = as_operator(A, dtype, implementation)
     m, n = spec.m, spec.n
     if b.shape[0] != m:
         raise ValueError(f"b has shape {tuple(b.shape)} but A has shape ({m}, {n}): b must have length {m}")
-    if x0 is not None:
-        _checks.check_array("x0", x0)
-        x0 = jnp.asarray(x0)
-        if x0.shape != (n,):
-            raise ValueError(
-                f"x0 has shape {tuple(x0.shape)} but A has shape ({m}, {n}): x0 must have shape ({n},)"
-            )
-        if not jnp.issubdtype(x0.dtype, jnp.floating):
-            raise TypeError(f"x0 must be a float array, got dtype {x0.dtype}")
-        x0 = x0.astype(dtype)
-    damp_a, damp_c = _scalar("damp", damp, dtype)
-    if damp_c is not None and damp_c < 0:
-        raise ValueError(f"damp must be >= 0, got {damp_c}")
-    atol_a, atol_c = _scalar("atol", atol, dtype)
-    btol_a, btol_c = _scalar("btol", btol, dtype)
-    for name, c in (("atol", atol_c), ("btol", btol_c)):
-        if c is not None and c < 0:
-            raise ValueError(f"{name} must be >= 0, got {c}")
-    conlim_a, _ = _scalar("conlim", conlim, dtype)
-    if maxiter is None:
-        maxiter = min(m, n)
-    if isinstance(maxiter, (bool, np.bool_)) or (
-        isinstance(maxiter, float) and not float(maxiter).is_integer()
-    ):
-        raise TypeError(f"maxiter must be an integer, got {maxiter!r}")
-    if isinstance(maxiter, (int, np.integer, float)):
-        if maxiter < 0:
-            raise ValueError(f"maxiter must be >= 0, got {maxiter}")
-        maxiter_a = jnp.full((1,), min(int(maxiter), np.iinfo(np.int32).max), jnp.int32)
-    else:
-        maxiter_a = jnp.asarray(maxiter).astype(jnp.int32).reshape(1)
+    x0 = arguments.coerce_x0(x0, n, m, dtype)
+    damp_a = arguments.damp_array(damp, dtype)
+    atol_a, _ = arguments.scalar("atol", atol, dtype)
+    btol_a, _ = arguments.scalar("btol", btol, dtype)
+    conlim_a, _ = arguments.scalar("conlim", conlim, dtype)
+    maxiter_a = arguments.maxiter_array(maxiter, m, n)
     for name, val in (("b", b), ("x0", x0)):
         if val is not None and not isinstance(val, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(val))):
             raise ValueError(f"{name} contains NaN or Inf")
@@ -207,5 +168,11 @@ def lsmr(
     options = KNOBS.compiler_options
     if options and dispatch.platform() == "gpu" and _at_top_level():
         solve_jit = _solve_jit_with(tuple(sorted(options.items())))
+    printing = show and progress.can_print(b, x0, leaves, cp)
+    if printing:
+        progress.header(m, n, damp_a, atol_a, btol_a, conlim_a, maxiter_a)
     out = solve_jit(spec, x0 is not None, loop, implementation, leaves, b[None], X0, cp)
-    return jax.tree_util.tree_map(lambda a: a[0], out)
+    out = jax.tree_util.tree_map(lambda a: a[0], out)
+    if printing:
+        progress.summary(out)
+    return out

@@ -11,7 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+COMPLEX_HINT = (
+    "jax_ops.lsmr solves real problems only; solve the real form [[Re A, -Im A], [Im A, Re A]] [Re x; Im x] = "
+    "[Re b; Im b] instead"
+)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -148,6 +151,54 @@ class Protocol(Spec):
         return super().rmv_axpby_cols(leaves, U, V, beta, cp)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class HostOperator(Spec):
+    """A ``scipy.sparse.linalg.LinearOperator`` that wraps no matrix (its matvec is host Python): each block
+    product is one ``jax.pure_callback`` to its ``matmat`` / ``rmatmat`` (a host round trip per product, inside
+    jit too). Held statically, compared by identity."""
+
+    m: int
+    n: int
+    obj: Any
+    dtype: Any
+
+    def __eq__(self, other):
+        return type(other) is HostOperator and self.obj is other.obj and self.dtype == other.dtype
+
+    def __hash__(self):
+        return hash((id(self.obj), self.dtype))
+
+    def _call(self, method: str, X, rows: int):
+        out_type = jax.ShapeDtypeStruct((X.shape[0], rows), self.dtype)
+
+        def host(x):
+            y = getattr(self.obj, method)(np.asarray(x).T)
+            return np.asarray(y).T.astype(self.dtype).reshape(out_type.shape)
+
+        return jax.pure_callback(host, out_type, X, vmap_method="sequential")
+
+    def mv(self, leaves, V, cp):
+        return self._call("matmat", V, self.m)
+
+    def rmv(self, leaves, U, cp):
+        return self._call("rmatmat", U, self.n)
+
+
+def _linear_operator(A):
+    """The matrix a ``scipy.sparse.linalg.LinearOperator`` wraps (``aslinearoperator(S)`` of a sparse or dense S),
+    or None for any other operator (and for non-LinearOperator objects)."""
+    try:
+        from scipy.sparse.linalg import LinearOperator
+    except ImportError:
+        return None, False
+    if not isinstance(A, LinearOperator):
+        return None, False
+    inner = getattr(A, "A", None)  # MatrixLinearOperator keeps the matrix it wraps as .A
+    if type(A).__name__ == "MatrixLinearOperator" and inner is not None:
+        return inner, True
+    return None, True
+
+
 def _is_csr_pair(a) -> bool:
     try:
         from jax_ops.sparse import CSRPair
@@ -215,11 +266,29 @@ def as_operator(A, dtype, implementation):
     """(spec, leaves) for ``A``; dense and sparse values are cast to ``dtype``."""
     from jax.experimental import sparse
 
+    inner, is_linear_operator = _linear_operator(A)
+    if inner is not None:  # the wrapped matrix, on the device (no host callback)
+        return as_operator(inner, dtype, implementation)
+    if is_linear_operator:
+        if A.dtype is not None:
+            check_real_dtype("A", A.dtype)
+        m, n = (int(s) for s in A.shape)
+        return HostOperator(m, n, A, np.dtype(dtype)), []
+
     try:
         import scipy.sparse as sp
 
         if sp.issparse(A):
-            A = sparse.BCOO.from_scipy_sparse(A)
+            if len(A.shape) != 2:
+                raise ValueError(f"sparse A must be a 2-D matrix, got shape {A.shape}")
+            check_real_dtype("A", A.dtype)
+            A = A.tocsr().astype(dtype)
+            if implementation != "xla":  # its CSR as is (no sort); the transpose sorted once on device
+                from jax_ops.sparse import CSRPair
+
+                A = CSRPair.from_matrix(A, implementation=implementation)
+            else:
+                A = sparse.BCOO.from_scipy_sparse(A)
     except ImportError:
         pass
     if isinstance(A, (sparse.BCOO, sparse.BCSR)):
@@ -228,9 +297,14 @@ def as_operator(A, dtype, implementation):
                 f"sparse A must be a 2-D matrix without batch/dense dimensions, got shape {A.shape} "
                 f"(n_batch={A.n_batch}, n_dense={A.n_dense})"
             )
-        check_float_dtype("A", A.dtype)
-        if np.dtype(A.dtype) != dtype:
-            A = type(A)((A.data.astype(dtype), *A._bufs[1:]), shape=A.shape)  # noqa: SLF001
+        check_real_dtype("A", A.dtype)
+        if np.dtype(A.dtype) != dtype and isinstance(A, sparse.BCOO):  # keeping its sorted/unique flags
+            A = sparse.BCOO(
+                (A.data.astype(dtype), A.indices), shape=A.shape,
+                indices_sorted=A.indices_sorted, unique_indices=A.unique_indices,
+            )  # fmt: skip
+        elif np.dtype(A.dtype) != dtype:
+            A = sparse.BCSR((A.data.astype(dtype), A.indices, A.indptr), shape=A.shape)
         if implementation != "xla":
             # Converted once, outside the loop: both products become row-major sweeps.
             from jax_ops.sparse import CSRPair
@@ -253,10 +327,7 @@ def as_operator(A, dtype, implementation):
     if hasattr(A, "shape") and hasattr(A, "dtype"):
         if len(A.shape) != 2:
             raise ValueError(f"A must be a 2-D matrix, got shape {tuple(A.shape)}")
-        if not (
-            np.issubdtype(np.dtype(A.dtype), np.floating) or np.issubdtype(np.dtype(A.dtype), np.integer)
-        ):
-            raise TypeError(f"A must be real (float or integer), got dtype {np.dtype(A.dtype)}")
+        check_real_dtype("A", A.dtype)
         a = jnp.asarray(A, dtype=dtype)
         return Dense(int(A.shape[0]), int(A.shape[1])), [a]
     raise TypeError(
@@ -265,6 +336,9 @@ def as_operator(A, dtype, implementation):
     )
 
 
-def check_float_dtype(name, dtype):
-    if np.dtype(dtype) not in FLOATS:
-        raise TypeError(f"{name} must be float32 or float64, got {np.dtype(dtype)}")
+def check_real_dtype(name, dtype):
+    """A real (float or integer) dtype, which is cast to the solve dtype; complex is not supported."""
+    if np.issubdtype(np.dtype(dtype), np.complexfloating):
+        raise TypeError(f"{name} is complex ({np.dtype(dtype)}): {COMPLEX_HINT}")
+    if not (np.issubdtype(np.dtype(dtype), np.floating) or np.issubdtype(np.dtype(dtype), np.integer)):
+        raise TypeError(f"{name} must be real (float or integer), got dtype {np.dtype(dtype)}")

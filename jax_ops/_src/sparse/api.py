@@ -4,20 +4,31 @@ CSRPair, and ``profile_of``."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jax_ops import _checks
 from jax_ops._src import dispatch
 from jax_ops._src.sparse.csr_pair import CSRPair, backend
-from jax_ops._src.sparse.formats import RowProfile, _acc_dtype, _as_csr, _dense, _sanitize_indptr
-from jax_ops._src.sparse.plan import ALGORITHMS, plan_unpaired
+from jax_ops._src.sparse.formats import (
+    RowProfile,
+    _acc_dtype,
+    _as_csr,
+    _dense,
+    _sanitize_indptr,
+    _transpose_csr,
+    bcoo_conversion,
+)
+from jax_ops._src.sparse.plan import ALGORITHMS, plan_unpaired, unpaired_takes_split
 from jax_ops._src.sparse.vjp import _apply, _Static
 
 
-def _matmul_sparse_dense(A, B, *, algorithm, split_chunk, implementation, name):
+def _matmul_sparse_dense(A, B, *, algorithm, split_chunk, implementation, name, transpose=False):
+    """``op(A) @ B`` (op(A) = Aᵀ when ``transpose``) for a CSRPair or a plain matrix (no profile)."""
     if isinstance(A, CSRPair):
         if algorithm is not None or split_chunk is not None:  # testing: rebuild with the forced plan
             A = CSRPair.from_matrix(
@@ -31,13 +42,38 @@ def _matmul_sparse_dense(A, B, *, algorithm, split_chunk, implementation, name):
             )
         if implementation is not None:
             A = dataclasses.replace(A, implementation=implementation)
+        if transpose:
+            A = A.T
         return A.matmat(B) if getattr(B, "ndim", 1) == 2 else A.matvec(B)
-    indptr, indices, values, m, k, _ = _as_csr(A)
+    from jax.experimental import sparse as jsparse
+
+    run = functools.partial(
+        _plain_product, A, B, algorithm=algorithm, split_chunk=split_chunk, implementation=implementation,
+        name=name, transpose=transpose,
+    )  # fmt: skip
+    if isinstance(A, jsparse.BCOO) and not transpose and _is_plain_2d(A) and bcoo_conversion(A) == "either":
+        # a traced BCOO with indices_sorted: count its rows, unless the first is negative (then sort)
+        return lax.cond(A.indices[0, 0] < 0, lambda: run(conversion="sort"), lambda: run(conversion="count"))
+    return run(conversion=None)
+
+
+def _is_plain_2d(A) -> bool:
+    return A.n_batch == 0 and A.n_dense == 0 and A.ndim == 2
+
+
+def _plain_product(A, B, *, algorithm, split_chunk, implementation, name, transpose, conversion):
+    """``op(A) @ B`` for a BCSR/BCOO/scipy matrix through its CSR (or a transpose built here), no profile."""
+    from jax.experimental import sparse as jsparse
+
+    indptr, indices, values, m, k = _csr_of(A, transpose, conversion)
     nnz = int(indices.shape[0])
-    b2, vec = _dense(name, B, k, values.dtype, what=f"A of shape {(m, k)}")
+    b2, vec = _dense(name, B, k, values.dtype, what=f"{'Aᵀ' if transpose else 'A'} of shape {(m, k)}")
     impl = backend(implementation)
-    if algorithm in ("split", "cusparse") or impl == "xla":
-        indptr = _sanitize_indptr(indptr, nnz)  # (cusparse runs as split here: the columns are not checked)
+    # split (also cusparse, which runs as split here: the columns are not checked) and the reference need a
+    # monotone indptr; a BCOO's conversion and a transpose give one already
+    monotone = transpose or isinstance(A, jsparse.BCOO)
+    if (unpaired_takes_split(algorithm, nnz, m) or impl == "xla") and not monotone:
+        indptr = _sanitize_indptr(indptr, nnz)
     plan, lr, lp = plan_unpaired(indptr, nnz, m, algorithm, split_chunk)
     n = b2.shape[1]
     acc = _acc_dtype(values.dtype)
@@ -57,6 +93,39 @@ def _matmul_sparse_dense(A, B, *, algorithm, split_chunk, implementation, name):
         jnp.zeros((0,), values.dtype),
     )
     return out[:, 0] if vec else out
+
+
+def _csr_of(A, transpose: bool, conversion: str | None = None):
+    """(indptr, indices, values, M, K) of A, or of Aᵀ: a BCOO's index columns swapped (one sort), a BCSR's or
+    scipy matrix's CSR transposed (one sort)."""
+    from jax.experimental import sparse as jsparse
+
+    if transpose and isinstance(A, jsparse.BCOO) and _is_plain_2d(A):
+        A = jsparse.BCOO((A.data, A.indices[:, ::-1]), shape=A.shape[::-1])
+        transpose = False
+    indptr, indices, values, m, k, _ = _as_csr(A, conversion)
+    if not transpose:
+        return indptr, indices, values, m, k
+    indptr = _sanitize_indptr(indptr, int(indices.shape[0]))
+    indptr_t, indices_t, values_t = _transpose_csr(indptr, indices, values, m, k)
+    return indptr_t, indices_t, values_t, k, m
+
+
+def to_csr(A):
+    """A as a ``jax.experimental.sparse.BCSR`` (2-D, int32 indices): the conversion ``matmul`` makes on every call
+    for a BCOO or scipy matrix, made once so a loop can reuse it. A BCOO with ``indices_sorted`` converts with a
+    binary search over its rows; any other BCOO is sorted once by (row, col). Padding (any index outside the
+    matrix after JAX's wrapping of [-dim, -1]) lies past ``indptr[M]`` or has column K, so it contributes
+    nothing, in jax_ops and in JAX. Traceable (works under jit)."""
+    from jax.experimental import sparse as jsparse
+
+    if isinstance(A, CSRPair):
+        return _pair_as_bcsr(A)
+    if isinstance(A, jsparse.BCSR):
+        _as_csr(A)  # the same checks
+        return A
+    indptr, indices, values, m, k, _ = _as_csr(A)
+    return jsparse.BCSR((values, indices, indptr), shape=(m, k))
 
 
 def _pair_as_bcsr(p: CSRPair):
@@ -81,8 +150,9 @@ def matmul(
 
     Args:
       algorithm: force one of ALGORITHMS (testing; "cusparse" on a BCSR/BCOO runs as split, since only a CSRPair
-        build checks the column indices cuSPARSE needs); None uses the row profile of a CSRPair or, for BCSR/BCOO,
-        the static average row length (vector or warp).
+        build checks the column indices cuSPARSE needs); None uses the row profile of a CSRPair built outside jit,
+        and otherwise (BCSR, BCOO, scipy, a traced pair) the profile-free plan: split whenever a row can be
+        longer than a split chunk, whose cost is bounded for any row lengths.
       split_chunk: nnz per work unit of the split algorithm.
       implementation: None (the kernel: on the CPU its twin, faster there than the reference), "ffi" (the kernel)
         or "xla" (the jnp reference).
@@ -95,15 +165,17 @@ def matmul(
             A, B, algorithm=algorithm, split_chunk=split_chunk, implementation=implementation, name="B"
         )
     if _is_sparse(B):
-        pair = B if isinstance(B, CSRPair) else CSRPair.from_matrix(B, implementation=implementation)
-        if implementation is not None:
-            pair = dataclasses.replace(pair, implementation=implementation)
         _checks.check_array("A", A)
-        if A.ndim == 1:
-            return pair.rmatvec(A)
-        if A.ndim != 2:
+        if A.ndim not in (1, 2):
             raise ValueError(f"the dense operand A must have rank 1 or 2, got shape {tuple(A.shape)}")
-        return pair.rmatmat(A.T).T
+        if A.shape[-1] != B.shape[0]:
+            raise ValueError(f"A has shape {tuple(A.shape)} but the sparse B has {B.shape[0]} rows")
+        # B @ A = (Aᵀ Bᵀ)ᵀ: the pair's CSR(Aᵀ), or a transpose sorted here
+        out = _matmul_sparse_dense(
+            B, A.T, algorithm=algorithm, split_chunk=split_chunk, implementation=implementation, name="A",
+            transpose=True,
+        )  # fmt: skip
+        return out.T
     raise TypeError(f"matmul needs one sparse operand, got {type(A).__name__} and {type(B).__name__}")
 
 

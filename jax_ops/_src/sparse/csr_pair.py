@@ -213,8 +213,28 @@ class CSRPair:
         """``alpha * Aᵀ u + beta * v`` in one pass."""
         return self._product(True, u, alpha, beta, v, "u")
 
+    __array_ufunc__ = None  # ``u @ pair`` with a NumPy u defers to __rmatmul__
+
     def __matmul__(self, other):
         return self.matmat(other) if getattr(other, "ndim", 1) == 2 else self.matvec(other)
+
+    def __rmatmul__(self, other):
+        """``u @ pair`` = ``(Aᵀ uᵀ)ᵀ`` for u ``[M]`` or ``[N, M]`` (through CSR(Aᵀ), no transpose built)."""
+        if getattr(other, "ndim", 1) == 2:
+            return self.rmatmat(other.T).T
+        return self.rmatvec(other)
+
+    def __repr__(self) -> str:
+        forms = [
+            n
+            for n, f in (("blocks", self.blocks), ("blocks_t", self.blocks_t), ("slabs_t", self.slabs_t))
+            if f is not None
+        ]
+        extra = f", forms={forms}" if forms else ""
+        return (
+            f"CSRPair(shape={self.shape}, nnz={self.nnz}, dtype={self.dtype.name}, plan={_plan_str(self.plan)}, "
+            f"plan_t={_plan_str(self.plan_t)}{extra})"
+        )
 
     def todense(self) -> jax.Array:
         m, k = self.shape
@@ -227,6 +247,13 @@ class CSRPair:
             jnp.ones((k,), _acc_dtype(self.dtype)),
             jnp.zeros((0,), self.dtype),
         )
+
+
+def _plan_str(plan: Plan) -> str:
+    parts = [plan.algorithm, f"G={plan.group}"]
+    if plan.chunk:
+        parts.append(f"chunk={plan.chunk}")
+    return " ".join(parts)
 
 
 jax.tree_util.register_dataclass(CSRPair)

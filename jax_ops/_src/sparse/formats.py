@@ -95,15 +95,60 @@ def _sanitize_indptr(indptr: jax.Array, nnz: int) -> jax.Array:
     return lax.cummax(jnp.clip(indptr, 0, nnz), axis=0).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4))
-def _coo_to_csr(data, rows, cols, m: int, k: int):
-    """Sorts COO triplets by (row, col); out-of-range entries (padding) go past indptr[m]."""
+def _wrap(index: jax.Array, dim: int) -> jax.Array:
+    """JAX's BCOO index semantics: an index in [-dim, -1] means index + dim (numpy-style); any other index
+    outside [0, dim) is padding."""
+    index = index.astype(jnp.int32)
+    return jnp.where(index < 0, index + dim, index)
+
+
+def _coo_sort_to_csr(data, rows, cols, m: int, k: int):
+    """CSR of COO triplets in any order: wrapped indices sorted by (row, col) with ``lax.sort``; out-of-range
+    entries (padding) go past indptr[m]."""
+    rows, cols = _wrap(rows, m), _wrap(cols, k)
     valid = (rows >= 0) & (rows < m) & (cols >= 0) & (cols < k)
-    r = jnp.where(valid, rows, m).astype(jnp.int32)
-    c = jnp.where(valid, cols, 0).astype(jnp.int32)
+    r = jnp.where(valid, rows, m)
+    c = jnp.where(valid, cols, 0)
     r, c, d = lax.sort((r, c, data), num_keys=2)
     indptr = jnp.searchsorted(r, jnp.arange(m + 1, dtype=jnp.int32), side="left").astype(jnp.int32)
     return indptr, c, d
+
+
+def _coo_counted_to_csr(data, rows, cols, m: int, k: int):
+    """CSR of COO triplets whose rows are non-decreasing and non-negative: row pointers by a count per row and a
+    prefix sum, no sort. Rows past m are padding past indptr[m]; a column outside [0, K) after wrapping becomes K
+    and stays in its row, contributing nothing (the kernels' rule, and JAX's for a BCSR)."""
+    rows = rows.astype(jnp.int32)
+    counts = jax.ops.segment_sum(jnp.ones_like(rows), rows, num_segments=m, indices_are_sorted=True)
+    indptr = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(counts, dtype=jnp.int32)])
+    cols = _wrap(cols, k)
+    return indptr, jnp.where((cols >= 0) & (cols < k), cols, k), data
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4, 5))
+def _coo_to_csr(data, rows, cols, m: int, k: int, conversion: str):
+    """(indptr, indices, values) of COO triplets by ``conversion`` (see bcoo_conversion)."""
+    if conversion == "count":
+        return _coo_counted_to_csr(data, rows, cols, m, k)
+    if conversion == "sort":
+        return _coo_sort_to_csr(data, rows, cols, m, k)
+    count = functools.partial(_coo_counted_to_csr, m=m, k=k)
+    sort = functools.partial(_coo_sort_to_csr, m=m, k=k)
+    return lax.cond(rows[0] < 0, sort, count, data, rows, cols)
+
+
+def bcoo_conversion(A) -> str:
+    """How a 2-D BCOO becomes CSR: "sort" (``lax.sort`` by (row, col)) unless ``indices_sorted``; then "count"
+    (rows counted, no sort) when its first row is known non-negative, "sort" when negative (a negative row wraps
+    to a later row; signed order puts it first), "either" when traced (decided on the device)."""
+    if not A.indices_sorted:
+        return "sort"
+    if A.indices.shape[0] == 0:
+        return "count"
+    if not _is_concrete(A.indices):
+        return "either"
+    with jax.ensure_compile_time_eval():  # one element read back (also for a constant inside jit)
+        return "sort" if int(A.indices[0, 0]) < 0 else "count"
 
 
 def _row_ids(indptr: jax.Array, nnz: int) -> tuple[jax.Array, jax.Array]:
@@ -127,8 +172,9 @@ def _transpose_csr(indptr, indices, values, m: int, k: int):
     return indptr_t, row_t, values_t
 
 
-def _as_csr(A) -> tuple[jax.Array, jax.Array, jax.Array, int, int, bool]:
-    """(indptr, indices, values, M, K, is_bcsr) of a BCSR/BCOO/scipy matrix; rejects batched/dense dims."""
+def _as_csr(A, conversion: str | None = None) -> tuple[jax.Array, jax.Array, jax.Array, int, int, bool]:
+    """(indptr, indices, values, M, K, is_bcsr) of a BCSR/BCOO/scipy matrix; rejects batched/dense dims.
+    ``conversion``: a BCOO's ("sort", "count" or "either"; None: bcoo_conversion's choice)."""
     from jax.experimental import sparse as jsparse
 
     if isinstance(A, (jsparse.BCSR, jsparse.BCOO)):
@@ -145,7 +191,9 @@ def _as_csr(A) -> tuple[jax.Array, jax.Array, jax.Array, int, int, bool]:
         _check_value_dtype("A.data", A.data.dtype)
         if isinstance(A, jsparse.BCSR):
             return A.indptr.astype(jnp.int32), A.indices.astype(jnp.int32), A.data, m, k, True
-        indptr, cols, data = _coo_to_csr(A.data, A.indices[:, 0], A.indices[:, 1], m, k)
+        rows, cols = A.indices[:, 0], A.indices[:, 1]
+        conversion = conversion or bcoo_conversion(A)
+        indptr, cols, data = _coo_to_csr(A.data, rows, cols, m, k, conversion)
         return indptr, cols, data, m, k, False
     if type(A).__module__.startswith("scipy.sparse") and hasattr(A, "tocsr"):
         csr = A.tocsr()

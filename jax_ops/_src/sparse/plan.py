@@ -85,11 +85,16 @@ def _vector_group_for(profile: RowProfile | None, avg: float, k: int, itemsize: 
 def choose_algorithm(profile: RowProfile | None, m: int, nnz: int, k: int = 0, itemsize: int = 4) -> str:
     """The dispatch rule (docs/design/sparse.md): split for power-law/straggler rows (max > max(2048, 32 avg)); every
     other matrix takes the row-block kernel ("vector") with G lanes per row from the average row length
-    (_vector_group; G = 32 is the old warp-per-row). Without a profile (traced input) the static average row
-    length picks the same way. ``cta`` and ``stream`` stay available when forced (slower; docs/design/sparse.md)."""
+    (_vector_group; G = 32 is the old warp-per-row). Without a profile (a plain BCSR/BCOO, a traced build) the row
+    lengths are unknown, so split whenever a row could exceed a split chunk (nnz > DEFAULT_SPLIT_CHUNK): its cost
+    is bounded for any row-length distribution (no lane walks more than a chunk), and a matrix without long rows
+    runs the same row-block kernel as vector plus two passes over no work. ``cta`` and ``stream`` stay available
+    when forced (slower; docs/design/sparse.md)."""
     del k, itemsize  # no longer part of the rule (the row-block kernel has no shared-memory stage)
     avg = nnz / m if m else 0.0
     if profile is None:
+        if nnz > DEFAULT_SPLIT_CHUNK:
+            return "split"
         return "warp" if avg >= 256 else "vector"
     if profile.max > max(2048, 32 * profile.avg):
         return "split"
@@ -178,10 +183,10 @@ def _group_for(
     avg = profile.avg if profile is not None else (nnz / m if m else 0.0)
     if algorithm in ("split", "cusparse"):  # cusparse: its N > 1 products run the split kernels
         # Short rows only (bounded by the chunk): from the p95, twice the uniform-row G, since a power-law's short
-        # rows vary widely.
-        if profile is not None:
-            avg = min(avg, profile.p95)
-        return min(32, 2 * _vector_group(avg))
+        # rows vary widely. Without a profile the rows may as well be uniform: vector's G for the average.
+        if profile is None:
+            return _vector_group(min(avg, DEFAULT_SPLIT_CHUNK))
+        return min(32, 2 * _vector_group(min(avg, profile.p95)))
     if algorithm == "vector":
         return _vector_group_for(profile, avg, k, itemsize)
     return _vector_group(avg)
@@ -358,10 +363,19 @@ def plan_columns(plan: Plan, indptr, indices, values, long_rows, long_ptr, n: in
 
 
 def plan_transpose(indptr_t, nnz: int, k: int):
-    """(plan, long_rows, long_ptr) of a transpose built in the backward pass (traced: no profile)."""
+    """(plan, long_rows, long_ptr) of a transpose built in the backward pass (traced: no profile, so split when
+    a row can be long)."""
     return make_plan(indptr_t, nnz, k, None, None, None)
 
 
 def plan_unpaired(indptr, nnz: int, m: int, algorithm, split_chunk):
-    """(plan, long_rows, long_ptr) of a plain BCSR/BCOO product (no profile: the static average row length)."""
+    """(plan, long_rows, long_ptr) of a plain BCSR/BCOO product: no profile, so split when a row can be long (its
+    long-row lists built on the device from indptr). ``indptr`` must be monotone when the plan is split."""
     return make_plan(indptr, nnz, m, None, algorithm, split_chunk)
+
+
+def unpaired_takes_split(algorithm, nnz: int, m: int) -> bool:
+    """Whether plan_unpaired's plan is split (so indptr must be made monotone first)."""
+    if algorithm is not None:
+        return algorithm in ("split", "cusparse")
+    return choose_algorithm(None, m, nnz) == "split"
