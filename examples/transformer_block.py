@@ -10,9 +10,10 @@ random first token), trained by a hand-written Adam (or SGD) step under ``jax.ji
     python examples/transformer_block.py --dtype bfloat16 --seq 2048 --dim 1024 --heads 8 --kv-heads 8 \\
         --layers 4 --batch 4 --compare                        # GPU-sized (jax.nn side: cuDNN)
 
-``--compare`` trains a second copy from the same initial parameters on the same batches with
+The projections and the MLP run through ``jax_ops.linear`` / ``jax_ops.gated_linear`` (``--gemm xla``: the plain
+``x @ w`` expressions). ``--compare`` trains a second copy from the same initial parameters on the same batches with
 ``jax.nn.dot_product_attention`` (``implementation=None`` on the CPU, ``"cudnn"`` on a GPU for float16/bfloat16)
-and prints ms/step for both and both loss curves. Parameters and optimizer state are float32; ``--dtype`` sets
+and XLA's GEMMs, and prints ms/step for both and both loss curves. Parameters and optimizer state are float32; ``--dtype`` sets
 the activations' dtype (attention, matmuls); the loss is computed in float32.
 """
 
@@ -44,6 +45,7 @@ class Config:
     mlp: str = "swiglu"  # or "gelu"
     norm: str = "rms"  # or "layer"
     dtype: str = "float32"
+    gemm: str = "jax_ops"  # projections and MLP through jax_ops.linear / gated_linear, or "xla" (x @ w)
 
     @property
     def head_dim(self) -> int:
@@ -120,13 +122,25 @@ def _norm(cfg: Config, p: dict, x: jax.Array) -> jax.Array:
     return y.astype(x.dtype)
 
 
+def _dense(cfg: Config, x: jax.Array, w: jax.Array, bias=None, activation: str | None = None) -> jax.Array:
+    """act(x @ w + bias) in x's dtype: jax_ops.linear (one kernel) or the jnp expression (--gemm xla)."""
+    w = w.astype(x.dtype)
+    if cfg.gemm == "jax_ops":
+        return jax_ops.linear(x, w, bias, activation=activation)
+    y = x @ w if bias is None else x @ w + bias.astype(x.dtype)
+    return jax.nn.gelu(y) if activation == "gelu_tanh" else y
+
+
 def _mlp(cfg: Config, p: dict, x: jax.Array) -> jax.Array:
     dt = x.dtype
     if cfg.mlp == "swiglu":
-        g = x @ p["w_gate"].astype(dt)
-        return (jax.nn.silu(g) * (x @ p["w_up"].astype(dt))) @ p["w_down"].astype(dt)
-    hdn = jax.nn.gelu(x @ p["w_in"].astype(dt) + p["b_in"].astype(dt))
-    return hdn @ p["w_out"].astype(dt) + p["b_out"].astype(dt)
+        if cfg.gemm == "jax_ops":
+            hdn = jax_ops.gated_linear(x, p["w_gate"].astype(dt), p["w_up"].astype(dt))
+        else:
+            hdn = jax.nn.silu(x @ p["w_gate"].astype(dt)) * (x @ p["w_up"].astype(dt))
+        return _dense(cfg, hdn, p["w_down"])
+    hdn = _dense(cfg, x, p["w_in"], p["b_in"], activation="gelu_tanh")
+    return _dense(cfg, hdn, p["w_out"], p["b_out"])
 
 
 AttentionFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
@@ -139,11 +153,11 @@ def forward(cfg: Config, attention: AttentionFn, params: dict, tokens: jax.Array
     x = (params["tok_emb"][tokens] + params["pos_emb"][:t]).astype(dt)
     for p in params["layers"]:
         y = _norm(cfg, p["norm1"], x)
-        q = (y @ p["wq"].astype(dt)).reshape(b, t, cfg.heads, cfg.head_dim)  # BTNH
-        k = (y @ p["wk"].astype(dt)).reshape(b, t, cfg.kv_heads, cfg.head_dim)  # BSKH
-        v = (y @ p["wv"].astype(dt)).reshape(b, t, cfg.kv_heads, cfg.head_dim)
+        q = _dense(cfg, y, p["wq"]).reshape(b, t, cfg.heads, cfg.head_dim)  # BTNH
+        k = _dense(cfg, y, p["wk"]).reshape(b, t, cfg.kv_heads, cfg.head_dim)  # BSKH
+        v = _dense(cfg, y, p["wv"]).reshape(b, t, cfg.kv_heads, cfg.head_dim)
         o = attention(q, k, v).reshape(b, t, cfg.heads * cfg.head_dim)
-        x = x + o @ p["wo"].astype(dt)
+        x = x + _dense(cfg, o, p["wo"])
         x = x + _mlp(cfg, p["mlp"], _norm(cfg, p["norm2"], x))
     x = _norm(cfg, params["norm_f"], x)
     return (x @ params["unembed"].astype(dt)).astype(jnp.float32)
@@ -256,7 +270,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
     ap.add_argument("--lr", type=float, default=None, help="default 3e-3 (adam) or 0.3 (sgd)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--compare", action="store_true", help="also train with jax.nn.dot_product_attention")
+    ap.add_argument("--gemm", choices=["jax_ops", "xla"], default="jax_ops", help="projections and MLP")
+    ap.add_argument(
+        "--compare", action="store_true", help="also train with jax.nn.dot_product_attention and XLA's GEMMs"
+    )
     args = ap.parse_args(argv)
 
     kv_heads = args.kv_heads if args.kv_heads is not None else max(1, args.heads // 2)
@@ -268,7 +285,7 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error("--steps must be >= 2 (the loss is compared between the first and the last step)")
     cfg = Config(
         vocab=args.vocab, seq=args.seq, dim=args.dim, heads=args.heads, kv_heads=kv_heads, layers=args.layers,
-        mlp=args.mlp, norm=args.norm, dtype=args.dtype,
+        mlp=args.mlp, norm=args.norm, dtype=args.dtype, gemm=args.gemm,
     )  # fmt: skip
     lr = args.lr if args.lr is not None else (3e-3 if args.optimizer == "adam" else 0.3)
     key_params, key_data = jax.random.split(jax.random.key(args.seed))
@@ -281,13 +298,13 @@ def main(argv: list[str] | None = None) -> dict:
         f"{n_params / 1e6:.2f}M params, {args.optimizer} lr {lr:g}"
     )
 
-    runs = {"jax_ops": ours}
+    runs = {"jax_ops": (ours, cfg)}
     if args.compare:
         impl = jax_nn_implementation(cfg.dtype)
-        runs[f"jax.nn ({impl or 'default'})"] = jax_nn(impl)
+        runs[f"jax.nn ({impl or 'default'}) + XLA"] = (jax_nn(impl), dataclasses.replace(cfg, gemm="xla"))
     results = {}
-    for name, attention in runs.items():
-        losses, sec, first = train(cfg, attention, params, batches, args.optimizer, lr)
+    for name, (attention, run_cfg) in runs.items():
+        losses, sec, first = train(run_cfg, attention, params, batches, args.optimizer, lr)
         results[name] = {"losses": losses, "ms_per_step": sec * 1e3, "first_step_s": first}
         print(f"{name:>22}: {sec * 1e3:8.2f} ms/step (first step incl. compile {first:.2f} s)")
 
