@@ -5,11 +5,16 @@ CuPy/cuSPARSE (``cupyx.scipy.sparse``, timed with CUDA events), ``jax.experiment
 Matrices (seeded, generated with vectorised numpy): uniform random 2M x 2M 16/row; power-law rows 1M x 1M
 (Pareto lengths, max 200k); 2-D 5-point Poisson 2048^2; 3-D 7-point Poisson 128^3; tall least-squares
 306136 x 6177 (~18/row) and 936063 x 23394 (~21/row); a bundle-adjustment Jacobian (2 rows per observation,
-9 camera + 3 point columns). ``--quick`` uses small versions (CPU-friendly).
+9 camera + 3 point columns; 1M observations, and 2M x 1.38M as in issue 22); R-MAT scale 20; a 27-point
+stencil 96^3; banded random 4M x 4M. ``--quick`` uses small versions (CPU-friendly).
 
 Bytes counted (effective GB/s): values + column indices + indptr + one read of the dense operand + one write of
 the output: nnz*(sizeof(T)+4) + (M+1)*4 + K*N*sizeof(T) + M*N*sizeof(T). ``frac_copy`` divides by the measured
-copy bandwidth. ``speedup`` = the anchor's time / jax_ops' time for the same case (>1: jax_ops faster).
+copy bandwidth. ``speedup`` = the row's time / the CSRPair product's time for the same case (an anchor > 1:
+jax_ops faster). Rows besides the CSRPair product: ``sparse.matmul`` on the plain BCSR and on a BCOO with
+``indices_sorted`` (the profile-free plans), cuSPARSE on an explicit CSR(Aᵀ) built once (the Aᵀu anchor) and
+CuPy's implicit ``A.T @ u``, and the build times (host-profiled pair, pair under jit, CuPy ``A.T.tocsr()`` + one
+SpMV).
 """
 
 from __future__ import annotations
@@ -101,6 +106,58 @@ def gen_bundle_adjustment(n_obs, n_cams, n_pts, seed=4):
     return _csr(np.arange(m + 1, dtype=np.int64) * 12, cols, rng, m, n_cams * 9 + n_pts * 3)
 
 
+def gen_rmat(scale, edge_factor=16, probs=(0.57, 0.19, 0.19), seed=5):
+    """R-MAT (Graph500 Kronecker) graph with 2^scale vertices and edge_factor * 2^scale edges: each edge picks a
+    quadrant per bit with probabilities a, b, c (d the rest); vertices relabelled by a random permutation;
+    duplicate edges dropped. Scale 20: 16.1M nnz, longest row ~40k, ~0.5M empty rows."""
+    rng = np.random.default_rng(seed)
+    n = 1 << scale
+    e = n * edge_factor
+    a, b, c = probs
+    row = np.zeros(e, np.int64)
+    col = np.zeros(e, np.int64)
+    for bit in range(scale):
+        u = rng.random(e, np.float32)
+        row |= (u >= a + b).astype(np.int64) << bit  # quadrants c, d
+        col |= (((u >= a) & (u < a + b)) | (u >= a + b + c)).astype(np.int64) << bit  # quadrants b, d
+    perm = rng.permutation(n)
+    key = np.unique(perm[row] * n + perm[col])
+    row, col = key // n, key % n
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(row, minlength=n))])
+    return _csr(indptr, col, rng, n, n)
+
+
+def gen_stencil27(side):
+    """27-point stencil on a side^3 grid (every neighbour within one step along each axis), columns sorted."""
+    rng = np.random.default_rng(6)
+    n = side**3
+    idx = np.arange(n, dtype=np.int64)
+    z, y, x = np.unravel_index(idx, (side, side, side))
+    cols, valid = [], []
+    for dz in (-1, 0, 1):
+        for dy in (-1, 0, 1):
+            for dx in (-1, 0, 1):  # in this order the column index increases
+                ok = (z + dz >= 0) & (z + dz < side) & (y + dy >= 0) & (y + dy < side) & (x + dx >= 0)
+                valid.append(ok & (x + dx < side))
+                cols.append(idx + (dz * side + dy) * side + dx)
+    valid = np.stack(valid, 1)
+    indptr = np.concatenate([[0], np.cumsum(valid.sum(1))])
+    return _csr(indptr, np.stack(cols, 1)[valid], rng, n, n)
+
+
+def gen_banded(n, per_row=8, half_width=64, seed=7):
+    """Banded random: row r holds per_row random columns within [r - half_width, r + half_width] (clipped to the
+    matrix), duplicates dropped (~7.8 per row at the defaults; 4M rows: ~31M nnz)."""
+    rng = np.random.default_rng(seed)
+    r = np.arange(n, dtype=np.int64)[:, None]
+    cols = np.clip(r + rng.integers(-half_width, half_width + 1, (n, per_row)), 0, n - 1)
+    cols.sort(axis=1)
+    keep = np.ones(cols.shape, bool)
+    keep[:, 1:] = cols[:, 1:] != cols[:, :-1]
+    indptr = np.concatenate([[0], np.cumsum(keep.sum(1))])
+    return _csr(indptr, cols[keep], rng, n, n)
+
+
 def cases(quick: bool):
     if quick:
         return [
@@ -110,6 +167,9 @@ def cases(quick: bool):
             ("poisson3d 24^3", lambda: gen_poisson((24, 24, 24)), False),
             ("lsq 30613x617", lambda: gen_lsq(30_613, 617, 18), False),
             ("bundle-adj 5k obs", lambda: gen_bundle_adjustment(5_000, 50, 1_500), False),
+            ("rmat scale 12", lambda: gen_rmat(12), False),
+            ("stencil27 16^3", lambda: gen_stencil27(16), False),
+            ("banded 40k", lambda: gen_banded(40_000), False),
         ]
     return [
         ("uniform 2M 16/row", lambda: gen_uniform(2_000_000, 2_000_000, 16), True),
@@ -119,6 +179,10 @@ def cases(quick: bool):
         ("lsq 306136x6177", lambda: gen_lsq(306_136, 6_177, 18), False),
         ("lsq 936063x23394", lambda: gen_lsq(936_063, 23_394, 21), False),
         ("bundle-adj 1M obs", lambda: gen_bundle_adjustment(1_000_000, 20_000, 250_000), False),
+        ("rmat scale 20", lambda: gen_rmat(20), False),
+        ("stencil27 96^3", lambda: gen_stencil27(96), False),
+        ("bundle-adj 2Mx1.38M", lambda: gen_bundle_adjustment(1_000_000, 20_000, 400_000), False),
+        ("banded 4M", lambda: gen_banded(4_000_000), False),
     ]
 
 
@@ -167,6 +231,34 @@ def _time_cupy(fn, reps):
     return statistics.median(times)
 
 
+_BUILD_JIT = jax.jit(sparse.csr_pair)
+
+
+def _cupy_build_row(indptr, indices, vals, m, k, np_dtype) -> dict:
+    """What a CuPy user pays for the pair: A.T.tocsr() on the device plus one SpMV (wall clock, synchronised)."""
+    try:
+        import cupy
+        import cupyx.scipy.sparse as csp
+
+        ac = csp.csr_matrix(
+            (cupy.asarray(vals.astype(np_dtype)), cupy.asarray(indices), cupy.asarray(indptr)), shape=(m, k)
+        )
+        xc = cupy.ones((k,), np_dtype)
+        dev = cupy.cuda.Device()
+
+        def build():
+            at = ac.T.tocsr()
+            y = ac @ xc
+            dev.synchronize()
+            del at, y
+
+        t = time_call(build, min_seconds=0.0, repeats=3)
+        return {"op": "build", "N": 0, "impl": "CuPy A.T.tocsr() + one SpMV", "time_us": t * 1e6}
+    except Exception as e:  # noqa: BLE001
+        note = f"skipped: {type(e).__name__}: {str(e)[:80]}"
+        return {"op": "build", "N": 0, "impl": "CuPy A.T.tocsr() + one SpMV", "time_us": None, "note": note}
+
+
 # ---------------------------------------------------------------------------------------------------- run
 def run(ctx) -> list[dict]:
     on_gpu = jax.default_backend() == "gpu"
@@ -197,6 +289,8 @@ def run(ctx) -> list[dict]:
                 min_seconds=0.0,
                 repeats=3,
             )
+            # the same build inside jit: no host profile (the profile-free plans), no slabs or blocks
+            t_build_jit = time_call(lambda A=A: _BUILD_JIT(A), min_seconds=0.0, repeats=3)
             pair = sparse.csr_pair(A)
             prof = pair.profile
             base = {"case": name, "dtype": dname, "M": m, "K": k, "nnz": nnz}
@@ -224,6 +318,18 @@ def run(ctx) -> list[dict]:
                     ),
                 }
             )
+            rows.append(
+                {
+                    **base,
+                    "op": "build",
+                    "N": 0,
+                    "impl": "jax_ops CSRPair build under jit (no profile)",
+                    "time_us": t_build_jit * 1e6,
+                    "note": "compiled once; the device transpose sort and the long-row lists",
+                }
+            )
+            if have_cupy and dtype != jnp.bfloat16:
+                rows.append({**base, **_cupy_build_row(indptr, indices, vals, m, k, np.dtype(dtype))})
             ops = [("Ax", None), ("ATu", None)] + ([("AB", n) for n in ns] if dtype == jnp.float32 else [])
             for op, n in ops:
                 rows.extend(
@@ -276,6 +382,17 @@ def _bench_op(ctx, base, op, n, dtype, itemsize, A, pair, indptr, indices, vals,
         plan = f"column slabs G={pair.slabs_t.plan.group}"
     notes["jax_ops"] = f"plan {plan}; temp {temp} B"
 
+    # jax_ops.sparse.matmul on the plain matrices (no profile: the profile-free plans), A x and A B only (a plain
+    # Aᵀ u sorts a transpose per call); the BCOO with indices_sorted, so no sort per call either
+    if not transpose:
+        plain = {"jax_ops matmul(BCSR)": A}
+        if n is None:
+            plain["jax_ops matmul(BCOO sorted)"] = jsparse.BCOO(
+                (A.data, A.to_bcoo().indices), shape=A.shape, indices_sorted=True, unique_indices=True
+            )
+        for impl, mat in plain.items():
+            times[impl] = _time_jax(lambda a, v: sparse.matmul(a, v), x, mat, quick=quick)
+            notes[impl] = f"vs the CSRPair {times[impl] / times['jax_ops']:.2f}x its time (target <= 1.25)"
     # jax.experimental.sparse BCSR (default lowering)
     if not transpose:
         try:
@@ -314,11 +431,21 @@ def _bench_op(ctx, base, op, n, dtype, itemsize, A, pair, indptr, indices, vals,
                 (cupy.asarray(vals.astype(np_dtype)), cupy.asarray(indices), cupy.asarray(indptr)),
                 shape=(m, k),
             )
-            op_mat = ac.T if transpose else ac
             xc = cupy.asarray(np.asarray(x.astype(jnp.float32)).astype(np_dtype))
             reps = 20 if nbytes > 2e9 else 100
-            times["cuSPARSE (CuPy)"] = _time_cupy(lambda: op_mat @ xc, reps)
-            del ac, op_mat, xc
+            if transpose:
+                # the anchor that counts: cuSPARSE on an explicit CSR(Aᵀ), built once (what CSRPair does too);
+                # CuPy's A.T @ u (a transposed product on CSR(A)) is reported beside it
+                at = ac.T.tocsr()
+                times["cuSPARSE (CuPy)"] = _time_cupy(lambda: at @ xc, reps)
+                notes["cuSPARSE (CuPy)"] = "explicit CSR(A^T) built once (A.T.tocsr())"
+                act = ac.T
+                times["cuSPARSE (CuPy) implicit A.T"] = _time_cupy(lambda: act @ xc, reps)
+                notes["cuSPARSE (CuPy) implicit A.T"] = "A.T @ u on CSR(A) (a transposed product)"
+                del at, act
+            else:
+                times["cuSPARSE (CuPy)"] = _time_cupy(lambda: ac @ xc, reps)
+            del ac, xc
         except Exception as e:  # noqa: BLE001
             times["cuSPARSE (CuPy)"], notes["cuSPARSE (CuPy)"] = (
                 None,
