@@ -1,0 +1,1 @@
+"""The paged KV cache family: page pools addressed through a per-request block table (docs/kv_cache.md)."""

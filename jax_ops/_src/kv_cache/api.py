@@ -1,0 +1,126 @@
+"""Public functions of the kv_cache family, with their argument checks."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_ops._checks import check_array
+from jax_ops._src.dispatch import check_implementation
+from jax_ops._src.kv_cache import reference
+from jax_ops._src.kv_cache.cache import DTYPES, PagedKVCache, check_cache, is_concrete
+
+_NO_KERNEL = "jax_ops.kv_cache: implementation='ffi' is not available: the paged CUDA kernel is not built yet"
+
+
+def _implementation(implementation: str | None) -> str:
+    """``None`` is the jnp path on every platform until the kernel exists; ``"ffi"`` raises."""
+    check_implementation(implementation)
+    if implementation == "ffi":
+        raise NotImplementedError(_NO_KERNEL)
+    return "xla"
+
+
+def _check_tokens(name: str, value, cache: PagedKVCache) -> jax.Array:
+    value = check_array(name, value, dtypes=DTYPES)
+    want = (cache.batch, cache.num_kv_heads, cache.head_dim)
+    if value.ndim not in (3, 4) or (value.shape[0],) + tuple(value.shape[-2:]) != want:
+        raise ValueError(
+            f"{name} must be [B, Hkv, D] or [B, T, Hkv, D] with (B, Hkv, D) = {want}, got shape "
+            f"{tuple(value.shape)}"
+        )
+    if np.dtype(value.dtype) != np.dtype(cache.k_pages.dtype):
+        raise TypeError(
+            f"{name} has dtype {np.dtype(value.dtype)} but the cache pages are {cache.k_pages.dtype}"
+        )
+    return value if value.ndim == 4 else value[:, None]
+
+
+def append(
+    cache: PagedKVCache,
+    k_new: jax.Array,
+    v_new: jax.Array,
+    *,
+    return_status: bool = False,
+    implementation: str | None = None,
+):
+    """Writes one token (``[B, Hkv, D]``) or a chunk (``[B, T, Hkv, D]``) per request at ``lengths[b]``, returns
+    the cache with ``lengths + T``.
+
+    A request whose tokens would reach a block-table slot with no page (``-1``, out of range, or past
+    ``max_pages``) is not written and keeps its length. Outside jit that raises ``ValueError`` naming the request;
+    inside jit nothing is raised: pass ``return_status=True`` to get ``(cache, status [B] int32)`` with 0 = written,
+    1 = not written (past the request's allocated pages), and check it.
+    """
+    check_cache(cache)
+    _implementation(implementation)
+    k = _check_tokens("k_new", k_new, cache)
+    v = _check_tokens("v_new", v_new, cache)
+    if k.shape != v.shape:
+        raise ValueError(f"v_new has shape {tuple(v_new.shape)} but k_new has shape {tuple(k_new.shape)}")
+    new, status = reference.append(cache, k, v)
+    if return_status:
+        return new, status
+    if is_concrete(status):
+        failed = np.flatnonzero(np.asarray(status) != reference.STATUS_OK)
+        if failed.size:
+            b = int(failed[0])
+            raise ValueError(
+                f"append: request {b} (length {int(cache.lengths[b])}, {k.shape[1]} new tokens) would write past "
+                f"its allocated pages (block_table row {np.asarray(cache.block_table[b]).tolist()}); nothing "
+                f"written for requests {failed.tolist()}"
+            )
+    return new
+
+
+def decode(
+    q: jax.Array,
+    cache: PagedKVCache,
+    *,
+    scale: float | None = None,
+    softcap: float | None = None,
+    implementation: str | None = None,
+) -> jax.Array:
+    """Paged GQA attention of ``q [B, Hq, D]`` (one token) or ``[B, T, Hq, D]`` (a chunk, causal within it: query
+    ``t`` is at position ``lengths[b] - T + t``) over each request's ``lengths[b]`` cached tokens.
+
+    ``Hq`` a multiple of the cache's ``Hkv``; ``scale`` defaults to ``1/sqrt(D)``; ``softcap`` applies
+    ``softcap * tanh(logits / softcap)`` to the scaled logits. fp32 softmax state; a query with no visible key
+    (length 0) returns 0. Returns q's shape and dtype.
+    """
+    check_cache(cache)
+    _implementation(implementation)
+    q = check_array("q", q, dtypes=DTYPES)
+    if q.ndim not in (3, 4):
+        raise ValueError(f"q must be [B, Hq, D] or [B, T, Hq, D], got shape {tuple(q.shape)}")
+    B, Hq, D = q.shape[0], q.shape[-2], q.shape[-1]
+    if B != cache.batch:
+        raise ValueError(f"q has batch {B} but cache.block_table has {cache.batch} rows")
+    if D != cache.head_dim:
+        raise ValueError(f"q has head dim {D} but the cache pages have {cache.head_dim}")
+    if Hq % cache.num_kv_heads:
+        raise ValueError(f"q's {Hq} heads are not a multiple of the cache's {cache.num_kv_heads} kv heads")
+    if np.dtype(q.dtype) != np.dtype(cache.k_pages.dtype):
+        raise TypeError(f"q has dtype {np.dtype(q.dtype)} but the cache pages are {cache.k_pages.dtype}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be positive or None, got {softcap!r}")
+    q4 = q if q.ndim == 4 else q[:, None]
+    o = reference.decode(q4, cache, scale=scale, softcap=softcap)
+    return o if q.ndim == 4 else o[:, 0]
+
+
+def copy_pages(cache: PagedKVCache, copies) -> PagedKVCache:
+    """Applies the ``(src, dst)`` page copies a ``BlockManager.extend`` returned (copy-on-write), in both pools."""
+    check_cache(cache)
+    copies = list(copies)
+    if not copies:
+        return cache
+    pairs = np.asarray(copies, np.int32).reshape(-1, 2)
+    if pairs.min() < 0 or pairs.max() >= cache.num_pages:
+        raise ValueError(f"copies must hold page ids in [0, {cache.num_pages}), got {copies}")
+    return reference.copy_pages(cache, jnp.asarray(pairs[:, 0]), jnp.asarray(pairs[:, 1]))

@@ -1,0 +1,138 @@
+"""``PagedKVCache``: the page pools, the block table and the lengths, as one registered pytree."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_ops._checks import check_array
+
+# The block-table entry of a slot with no page allocated.
+NO_PAGE = -1
+DTYPES = (np.dtype(np.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32))
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedKVCache:
+    """K and V page pools ``[P, page_size, Hkv, D]``, ``block_table [B, max_pages]`` int32 (page ids, ``-1`` for
+    an unallocated slot) and ``lengths [B]`` int32 (tokens held per request). Token ``s`` of request ``b`` lives at
+    ``k_pages[block_table[b, s // page_size], s % page_size]``."""
+
+    k_pages: jax.Array
+    v_pages: jax.Array
+    block_table: jax.Array
+    lengths: jax.Array
+
+    @property
+    def num_pages(self) -> int:
+        return self.k_pages.shape[0]
+
+    @property
+    def page_size(self) -> int:
+        return self.k_pages.shape[1]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k_pages.shape[2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.k_pages.shape[3]
+
+    @property
+    def batch(self) -> int:
+        return self.block_table.shape[0]
+
+    @property
+    def max_pages(self) -> int:
+        return self.block_table.shape[1]
+
+    def replace(self, **changes) -> PagedKVCache:
+        """A copy with some fields replaced (e.g. a new ``block_table`` from the ``BlockManager``), re-checked."""
+        return check_cache(dataclasses.replace(self, **changes))
+
+
+jax.tree_util.register_dataclass(
+    PagedKVCache, data_fields=["k_pages", "v_pages", "block_table", "lengths"], meta_fields=[]
+)
+
+
+def create(
+    num_pages: int,
+    page_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype,
+    batch: int,
+    max_pages: int,
+) -> PagedKVCache:
+    """An empty cache: zero page pools, every block-table slot unallocated (``-1``), every length 0."""
+    for name, value in (
+        ("num_pages", num_pages),
+        ("page_size", page_size),
+        ("num_kv_heads", num_kv_heads),
+        ("head_dim", head_dim),
+        ("batch", batch),
+        ("max_pages", max_pages),
+    ):
+        if not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if np.dtype(dtype) not in DTYPES:
+        raise TypeError(f"dtype must be one of ({', '.join(map(str, DTYPES))}), got {np.dtype(dtype)}")
+    shape = (num_pages, page_size, num_kv_heads, head_dim)
+    return PagedKVCache(
+        k_pages=jnp.zeros(shape, dtype),
+        v_pages=jnp.zeros(shape, dtype),
+        block_table=jnp.full((batch, max_pages), NO_PAGE, jnp.int32),
+        lengths=jnp.zeros((batch,), jnp.int32),
+    )
+
+
+def is_concrete(*values) -> bool:
+    """True when every value is a concrete array (eager mode), so its contents can be checked on the host."""
+    return not any(isinstance(v, jax.core.Tracer) for v in values)
+
+
+def check_cache(cache) -> PagedKVCache:
+    """Trace-time shape/dtype checks of every field; outside jit also the contents of the table and lengths."""
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
+    k = check_array("cache.k_pages", cache.k_pages, dtypes=DTYPES)
+    v = check_array("cache.v_pages", cache.v_pages, dtypes=DTYPES)
+    if k.ndim != 4:
+        raise ValueError(f"cache.k_pages must be [P, page_size, Hkv, D], got shape {tuple(k.shape)}")
+    if tuple(v.shape) != tuple(k.shape) or v.dtype != k.dtype:
+        raise ValueError(
+            f"cache.v_pages ({tuple(v.shape)}, {v.dtype}) must match cache.k_pages ({tuple(k.shape)}, {k.dtype})"
+        )
+    table = check_array("cache.block_table", cache.block_table, dtypes=(np.int32,))
+    lengths = check_array("cache.lengths", cache.lengths, dtypes=(np.int32,))
+    if table.ndim != 2:
+        raise ValueError(f"cache.block_table must be [B, max_pages], got shape {tuple(table.shape)}")
+    if tuple(lengths.shape) != (table.shape[0],):
+        raise ValueError(f"cache.lengths must have shape ({table.shape[0]},), got {tuple(lengths.shape)}")
+    if is_concrete(table, lengths):
+        check_contents(np.asarray(table), np.asarray(lengths), k.shape[0], k.shape[1])
+    return cache
+
+
+def check_contents(table: np.ndarray, lengths: np.ndarray, num_pages: int, page_size: int) -> None:
+    """Host check: lengths in ``[0, max_pages * page_size]``, every slot a length uses holds a page in range."""
+    capacity = table.shape[1] * page_size
+    bad = np.flatnonzero((lengths < 0) | (lengths > capacity))
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(
+            f"cache.lengths[{b}] = {int(lengths[b])} is outside [0, max_pages * page_size = {capacity}]"
+        )
+    used = np.arange(table.shape[1])[None, :] < -(-lengths[:, None] // page_size)
+    out = used & ((table < 0) | (table >= num_pages))
+    if out.any():
+        b, j = (int(i) for i in np.argwhere(out)[0])
+        raise ValueError(
+            f"cache.block_table[{b}, {j}] = {int(table[b, j])} is not a page in [0, {num_pages}) but "
+            f"cache.lengths[{b}] = {int(lengths[b])} uses that slot"
+        )

@@ -1,0 +1,96 @@
+"""The kv_cache family's jax.numpy implementation (``implementation="xla"``): a scatter append and a paged decode
+that walks the page slots with an online softmax, reading one page per request per step (never a gathered copy
+of the cache)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_ops._src.kv_cache.cache import PagedKVCache
+
+# append's per-request status codes.
+STATUS_OK = 0
+STATUS_PAST_ALLOCATED_PAGES = 1
+
+
+def append(cache: PagedKVCache, k_new: jax.Array, v_new: jax.Array) -> tuple[PagedKVCache, jax.Array]:
+    """Writes ``k_new``/``v_new [B, T, Hkv, D]`` at positions ``lengths[b] + t``; returns the cache and a status
+    ``[B]`` int32. A request whose chunk reaches a slot past ``max_pages`` or without a page in range gets
+    ``STATUS_PAST_ALLOCATED_PAGES``: none of its tokens are written and its length is unchanged."""
+    B, T = k_new.shape[:2]
+    P, page = cache.num_pages, cache.page_size
+    pos = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T]
+    slot = pos // page
+    in_table = slot < cache.max_pages
+    page_id = jnp.take_along_axis(cache.block_table, jnp.minimum(slot, cache.max_pages - 1), axis=1)
+    ok_token = in_table & (page_id >= 0) & (page_id < P)
+    ok = jnp.all(ok_token, axis=1)  # [B]
+    # A failed request's tokens go to page P (out of range): mode="drop" skips them.
+    target = jnp.where(ok[:, None], page_id, P)
+    offset = pos % page
+    k_pages = cache.k_pages.at[target, offset].set(k_new.astype(cache.k_pages.dtype), mode="drop")
+    v_pages = cache.v_pages.at[target, offset].set(v_new.astype(cache.v_pages.dtype), mode="drop")
+    lengths = cache.lengths + jnp.where(ok, T, 0).astype(jnp.int32)
+    status = jnp.where(ok, STATUS_OK, STATUS_PAST_ALLOCATED_PAGES).astype(jnp.int32)
+    new = PagedKVCache(k_pages=k_pages, v_pages=v_pages, block_table=cache.block_table, lengths=lengths)
+    return new, status
+
+
+def decode(q: jax.Array, cache: PagedKVCache, *, scale: float, softcap: float | None) -> jax.Array:
+    """Paged GQA attention of ``q [B, T, Hq, D]`` over each request's ``lengths[b]`` tokens; query ``t`` sits at
+    position ``lengths[b] - T + t`` and sees keys ``s <= lengths[b] - T + t`` (causal within the chunk).
+
+    fp32 softmax state (fp64 for float64); rows with no key give 0. GQA by index mapping: query head
+    ``h`` reads kv head ``h // (Hq // Hkv)``. Block-table entries of unused slots are never read; an out-of-range
+    entry of a used slot is clamped into ``[0, P)`` (the host check rejects it outside jit).
+    """
+    f32 = jnp.promote_types(q.dtype, jnp.float32)
+    B, T, Hq, D = q.shape
+    Hkv, page = cache.num_kv_heads, cache.page_size
+    G = Hq // Hkv
+    qf = q.astype(f32).reshape(B, T, Hkv, G, D) * jnp.asarray(scale, f32)
+    lengths = jnp.clip(cache.lengths, 0, cache.max_pages * page)
+    q_pos = lengths[:, None] - T + jnp.arange(T)[None, :]  # [B, T]
+    low = jnp.finfo(f32).min  # the running max starts finite, so no -inf - -inf
+
+    def page_step(j, state):
+        m, denom, acc = state  # [B, Hkv, G, T], [B, Hkv, G, T], [B, Hkv, G, T, D]
+        page_id = jnp.clip(cache.block_table[:, j], 0, cache.num_pages - 1)
+        kp = cache.k_pages[page_id].astype(f32)  # [B, page, Hkv, D]: one page per request
+        vp = cache.v_pages[page_id].astype(f32)
+        logits = jnp.einsum("btkgd,bskd->bkgts", qf, kp, precision=jax.lax.Precision.HIGHEST)
+        if softcap is not None:
+            logits = softcap * jnp.tanh(logits / softcap)
+        k_pos = j * page + jnp.arange(page)  # [page]
+        allowed = (k_pos[None, None, :] < lengths[:, None, None]) & (
+            k_pos[None, None, :] <= q_pos[:, :, None]
+        )
+        allowed = allowed[:, None, None]  # [B, 1, 1, T, page]
+        m_new = jnp.maximum(m, jnp.max(jnp.where(allowed, logits, low), axis=-1))
+        p = jnp.where(allowed, jnp.exp(jnp.where(allowed, logits, m_new[..., None]) - m_new[..., None]), 0.0)
+        alpha = jnp.exp(m - m_new)
+        denom = denom * alpha + jnp.sum(p, axis=-1)
+        acc = acc * alpha[..., None] + jnp.einsum("bkgts,bskd->bkgtd", p, vp, precision="highest")
+        return m_new, denom, acc
+
+    state = (
+        jnp.full((B, Hkv, G, T), low, f32),
+        jnp.zeros((B, Hkv, G, T), f32),
+        jnp.zeros((B, Hkv, G, T, D), f32),
+    )
+    used_pages = (jnp.max(lengths) + page - 1) // page  # slots past every request's length are skipped
+    _, denom, acc = jax.lax.fori_loop(0, used_pages, page_step, state)
+    empty = denom == 0
+    o = jnp.where(empty[..., None], 0.0, acc / jnp.where(empty, 1.0, denom)[..., None])
+    return o.transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, D).astype(q.dtype)
+
+
+def copy_pages(cache: PagedKVCache, src: jax.Array, dst: jax.Array) -> PagedKVCache:
+    """Copies pages ``src[i]`` to ``dst[i]`` in both pools (the copy-on-write copies of the BlockManager)."""
+    return PagedKVCache(
+        k_pages=cache.k_pages.at[dst].set(cache.k_pages[src]),
+        v_pages=cache.v_pages.at[dst].set(cache.v_pages[src]),
+        block_table=cache.block_table,
+        lengths=cache.lengths,
+    )

@@ -1,0 +1,214 @@
+"""Paged decode and append against jax.nn.dot_product_attention on the gathered contiguous cache."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import rel_err, tol
+
+from jax_ops import kv_cache as kc
+
+
+def random_cache(rng, *, lengths, page_size, hkv, d, dtype, num_pages=None, shared_prefix_pages=0):
+    """A cache whose requests hold shuffled pages (the first ``shared_prefix_pages`` slots of every request
+    point at the same pages), random contents, unused slots ``-1``."""
+    lengths = np.asarray(lengths, np.int32)
+    B = len(lengths)
+    need = -(-lengths // page_size)
+    max_pages = max(int(need.max()), 1)
+    own = int(np.maximum(need - shared_prefix_pages, 0).sum())
+    num_pages = num_pages or shared_prefix_pages + own + 3
+    perm = rng.permutation(num_pages)
+    shared, rest = perm[:shared_prefix_pages], list(perm[shared_prefix_pages:])
+    table = np.full((B, max_pages), -1, np.int32)
+    for b in range(B):
+        n_shared = min(shared_prefix_pages, int(need[b]))
+        table[b, :n_shared] = shared[:n_shared]
+        for j in range(n_shared, int(need[b])):
+            table[b, j] = rest.pop()
+    shape = (num_pages, page_size, hkv, d)
+    return kc.PagedKVCache(
+        k_pages=jnp.asarray(rng.standard_normal(shape), dtype),
+        v_pages=jnp.asarray(rng.standard_normal(shape), dtype),
+        block_table=jnp.asarray(table),
+        lengths=jnp.asarray(lengths),
+    )
+
+
+def gathered(cache):
+    """The contiguous ``[B, max_pages * page_size, Hkv, D]`` K and V (unused slots read page 0, masked)."""
+    table = jnp.maximum(cache.block_table, 0)
+    B, n = table.shape
+    k = cache.k_pages[table].reshape(B, n * cache.page_size, cache.num_kv_heads, cache.head_dim)
+    v = cache.v_pages[table].reshape(B, n * cache.page_size, cache.num_kv_heads, cache.head_dim)
+    return k, v
+
+
+def nn_reference(q, cache, softcap=None):
+    """jax.nn on the gathered cache in fp32 (q ``[B, T, Hq, D]``, causal within the chunk); length-0 rows -> 0."""
+    k, v = gathered(cache)
+    B, T = q.shape[:2]
+    S = k.shape[1]
+    lengths = cache.lengths
+    q_pos = lengths[:, None] - T + jnp.arange(T)[None]
+    s = jnp.arange(S)
+    mask = (s[None, None] < lengths[:, None, None]) & (s[None, None] <= q_pos[:, :, None])
+    f32 = jnp.float32
+    if softcap is None:
+        o = jax.nn.dot_product_attention(q.astype(f32), k.astype(f32), v.astype(f32), mask=mask[:, None])
+    else:  # jax.nn has no softcap: the same math spelled out
+        G = q.shape[2] // k.shape[2]
+        kk, vv = jnp.repeat(k, G, axis=2).astype(f32), jnp.repeat(v, G, axis=2).astype(f32)
+        logits = jnp.einsum("btnd,bsnd->bnts", q.astype(f32), kk, precision="highest") / np.sqrt(q.shape[-1])
+        logits = jnp.where(mask[:, None], softcap * jnp.tanh(logits / softcap), -jnp.inf)
+        p = jax.nn.softmax(logits, axis=-1)
+        o = jnp.einsum("bnts,bsnd->btnd", jnp.nan_to_num(p), vv, precision="highest")
+    visible = jnp.any(mask, axis=-1)  # [B, T]
+    return np.asarray(jnp.where(visible[:, :, None, None], o, 0.0)), np.asarray(visible)
+
+
+PAGE = 8
+LENGTHS = [0, 1, PAGE - 1, PAGE, 5 * PAGE + 3]
+
+
+@pytest.mark.parametrize("hq,hkv", [(2, 2), (8, 2), (8, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_decode_one_token(hq, hkv, dtype):
+    rng = np.random.default_rng(hq * 10 + hkv)
+    cache = random_cache(rng, lengths=LENGTHS, page_size=PAGE, hkv=hkv, d=32, dtype=dtype)
+    q = jnp.asarray(rng.standard_normal((len(LENGTHS), hq, 32)), dtype)
+    out = jax.jit(kc.decode)(q, cache)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    ref, visible = nn_reference(q[:, None], cache)
+    assert rel_err(out, ref[:, 0]) < tol(dtype)
+    assert np.all(np.asarray(out)[~visible[:, 0]] == 0)  # length 0 -> exactly 0
+
+
+@pytest.mark.parametrize("shared", [0, 2])
+def test_decode_chunk_causal_shared_prefix(shared):
+    rng = np.random.default_rng(shared)
+    lengths = [2, PAGE, 3 * PAGE + 1, 4 * PAGE]
+    cache = random_cache(
+        rng, lengths=lengths, page_size=PAGE, hkv=2, d=16, dtype=np.float32, shared_prefix_pages=shared
+    )
+    q = jnp.asarray(
+        rng.standard_normal((4, 5, 8, 16)), np.float32
+    )  # T=5 > lengths[0]: early rows see nothing
+    out = kc.decode(q, cache)
+    ref, visible = nn_reference(q, cache)
+    assert not visible.all()
+    assert rel_err(out, ref) < tol(np.float32)
+    assert np.all(np.asarray(out)[~visible] == 0)
+
+
+def test_decode_softcap_and_scale():
+    rng = np.random.default_rng(7)
+    cache = random_cache(rng, lengths=[3, 20], page_size=PAGE, hkv=1, d=16, dtype=np.float32)
+    q = jnp.asarray(4 * rng.standard_normal((2, 4, 16)), np.float32)
+    ref, _ = nn_reference(q[:, None], cache, softcap=2.0)
+    assert rel_err(kc.decode(q, cache, softcap=2.0), ref[:, 0]) < tol(np.float32)
+    # an explicit scale equal to the default gives the same result
+    same = kc.decode(q, cache, scale=0.25)
+    assert rel_err(same, kc.decode(q, cache)) < 1e-6
+
+
+def test_append_then_decode_equals_concatenated():
+    rng = np.random.default_rng(3)
+    B, hkv, d, T = 3, 2, 16, 6
+    lengths = [0, PAGE - 1, 2 * PAGE]
+    cache = random_cache(rng, lengths=lengths, page_size=PAGE, hkv=hkv, d=d, dtype=np.float32, num_pages=16)
+    mgr_pages = np.asarray(cache.block_table)
+    used = set(mgr_pages[mgr_pages >= 0].tolist())
+    free = [p for p in range(16) if p not in used]
+    table = mgr_pages.copy()
+    for b in range(B):  # give each request the pages its chunk needs
+        for j in range(-(-lengths[b] // PAGE), -(-(lengths[b] + T) // PAGE)):
+            if j >= table.shape[1]:
+                table = np.pad(table, ((0, 0), (0, 1)), constant_values=-1)
+            table[b, j] = free.pop()
+    cache = cache.replace(block_table=jnp.asarray(table))
+    k_old, v_old = gathered(cache)
+    k_new = jnp.asarray(rng.standard_normal((B, T, hkv, d)), np.float32)
+    v_new = jnp.asarray(rng.standard_normal((B, T, hkv, d)), np.float32)
+    after = jax.jit(kc.append)(cache, k_new[:, :2], v_new[:, :2])  # a chunk of 2 ...
+    for t in range(2, T):  # ... then token by token
+        after = kc.append(after, k_new[:, t], v_new[:, t])
+    np.testing.assert_array_equal(after.lengths, np.asarray(lengths) + T)
+    k_got, v_got = gathered(after)
+    for b in range(B):  # the concatenated cache, token for token (the old tokens kept, the new ones written)
+        L = lengths[b]
+        np.testing.assert_array_equal(k_got[b, :L], k_old[b, :L])
+        np.testing.assert_array_equal(k_got[b, L : L + T], k_new[b])
+        np.testing.assert_array_equal(v_got[b, L : L + T], v_new[b])
+    q = jnp.asarray(rng.standard_normal((B, 4, 8, d)), np.float32)
+    ref, _ = nn_reference(q, after)
+    assert rel_err(kc.decode(q, after), ref) < tol(np.float32)
+
+
+def test_append_past_allocated_pages_writes_nothing():
+    cache = kc.create(4, PAGE, 1, 8, jnp.float32, 2, 2).replace(
+        block_table=jnp.asarray([[0, -1], [1, 2]], jnp.int32)
+    )
+    tokens = jnp.ones((2, PAGE + 1, 1, 8), jnp.float32)
+    with pytest.raises(ValueError, match="request 0 .*past its allocated pages"):
+        kc.append(cache, tokens, tokens)
+    new, status = jax.jit(lambda c, k: kc.append(c, k, k, return_status=True))(cache, tokens)
+    np.testing.assert_array_equal(status, [1, 0])
+    np.testing.assert_array_equal(new.lengths, [0, PAGE + 1])
+    assert float(jnp.abs(new.k_pages[0]).max()) == 0  # request 0's page untouched
+    assert float(new.k_pages[1].min()) == 1 and float(new.k_pages[2, 0].min()) == 1
+    full = kc.create(4, PAGE, 1, 8, jnp.float32, 1, 1).replace(block_table=jnp.asarray([[3]], jnp.int32))
+    full = kc.append(full, tokens[:1, :PAGE], tokens[:1, :PAGE])
+    with pytest.raises(ValueError, match="past its allocated pages"):  # past max_pages
+        kc.append(full, tokens[:1, 0], tokens[:1, 0])
+
+
+def test_bad_inputs():
+    cache = kc.create(4, PAGE, 2, 8, jnp.float16, 2, 2)
+    q = jnp.zeros((2, 4, 8), jnp.float16)
+    with pytest.raises(ValueError, match=r"block_table\[0, 0\] = 9"):
+        kc.decode(
+            q,
+            cache.replace(
+                block_table=jnp.asarray([[9, -1], [0, -1]], jnp.int32), lengths=jnp.asarray([1, 1], jnp.int32)
+            ),
+        )
+    with pytest.raises(ValueError, match=r"block_table\[1, 0\] = -1"):
+        kc.decode(q, cache.replace(lengths=jnp.asarray([0, 1], jnp.int32)))
+    with pytest.raises(ValueError, match=r"lengths\[0\] = 17"):
+        kc.decode(q, dataclass_replace(cache, lengths=jnp.asarray([17, 0], jnp.int32)))
+    with pytest.raises(TypeError, match="block_table must have dtype"):
+        cache.replace(block_table=jnp.zeros((2, 2), jnp.float32))
+    with pytest.raises(TypeError, match="q has dtype float32"):
+        kc.decode(q.astype(jnp.float32), cache)
+    with pytest.raises(ValueError, match="not a multiple"):
+        kc.decode(jnp.zeros((2, 3, 8), jnp.float16), cache)
+    with pytest.raises(ValueError, match="head dim 16"):
+        kc.decode(jnp.zeros((2, 4, 16), jnp.float16), cache)
+    with pytest.raises(ValueError, match="k_new must be"):
+        kc.append(cache, jnp.zeros((2, 3, 8), jnp.float16), jnp.zeros((2, 3, 8), jnp.float16))
+    with pytest.raises(TypeError, match="k_new has dtype"):
+        kc.append(cache, jnp.zeros((2, 2, 8), jnp.float32), jnp.zeros((2, 2, 8), jnp.float32))
+    with pytest.raises(NotImplementedError, match="CUDA kernel is not built yet"):
+        kc.decode(q, cache, implementation="ffi")
+    with pytest.raises(ValueError, match="implementation must be"):
+        kc.decode(q, cache, implementation="cuda")
+    with pytest.raises(ValueError, match="max_pages must be a positive int"):
+        kc.create(4, PAGE, 2, 8, jnp.float16, 2, 0)
+    with pytest.raises(TypeError, match="cache must be a PagedKVCache"):
+        kc.decode(q, (cache.k_pages, cache.v_pages))
+
+
+def dataclass_replace(cache, **changes):
+    """Bypasses ``PagedKVCache.replace``'s check, so the check inside ``decode`` is the one tested."""
+    import dataclasses
+
+    return dataclasses.replace(cache, **changes)
+
+
+def test_cache_is_a_pytree_under_jit():
+    cache = kc.create(4, PAGE, 1, 8, jnp.float32, 2, 2)
+    leaves = jax.tree_util.tree_leaves(cache)
+    assert len(leaves) == 4
+    doubled = jax.jit(lambda c: jax.tree_util.tree_map(lambda x: x * 2, c))(cache)
+    assert isinstance(doubled, kc.PagedKVCache)
