@@ -4,6 +4,8 @@ of the cache)."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -14,6 +16,7 @@ STATUS_OK = 0
 STATUS_PAST_ALLOCATED_PAGES = 1
 
 
+@jax.jit
 def append(cache: PagedKVCache, k_new: jax.Array, v_new: jax.Array) -> tuple[PagedKVCache, jax.Array]:
     """Writes ``k_new``/``v_new [B, T, Hkv, D]`` at positions ``lengths[b] + t``; returns the cache and a status
     ``[B]`` int32. A request whose chunk reaches a slot past ``max_pages`` or without a page in range gets
@@ -37,6 +40,7 @@ def append(cache: PagedKVCache, k_new: jax.Array, v_new: jax.Array) -> tuple[Pag
     return new, status
 
 
+@functools.partial(jax.jit, static_argnames=("scale", "softcap"))
 def decode(q: jax.Array, cache: PagedKVCache, *, scale: float, softcap: float | None) -> jax.Array:
     """Paged GQA attention of ``q [B, T, Hq, D]`` over each request's ``lengths[b]`` tokens; query ``t`` sits at
     position ``lengths[b] - T + t`` and sees keys ``s <= lengths[b] - T + t`` (causal within the chunk).
@@ -86,6 +90,7 @@ def decode(q: jax.Array, cache: PagedKVCache, *, scale: float, softcap: float | 
     return o.transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, D).astype(q.dtype)
 
 
+@jax.jit
 def copy_pages(cache: PagedKVCache, src: jax.Array, dst: jax.Array) -> PagedKVCache:
     """Copies pages ``src[i]`` to ``dst[i]`` in both pools (the copy-on-write copies of the BlockManager)."""
     return PagedKVCache(
