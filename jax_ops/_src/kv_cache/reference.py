@@ -45,7 +45,7 @@ def decode(q: jax.Array, cache: PagedKVCache, *, scale: float, softcap: float | 
     """Paged GQA attention of ``q [B, T, Hq, D]`` over each request's ``lengths[b]`` tokens; query ``t`` sits at
     position ``lengths[b] - T + t`` and sees keys ``s <= lengths[b] - T + t`` (causal within the chunk).
 
-    fp32 softmax state (fp64 for float64); rows with no key give 0. GQA by index mapping: query head
+    fp32 softmax state; rows with no key give 0. GQA by index mapping: query head
     ``h`` reads kv head ``h // (Hq // Hkv)``. Block-table entries of unused slots are never read; an out-of-range
     entry of a used slot is clamped into ``[0, P)`` (the host check rejects it outside jit).
     """
