@@ -1,5 +1,8 @@
 """Paged decode and append against jax.nn.dot_product_attention on the gathered contiguous cache."""
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,6 +38,7 @@ def random_cache(rng, *, lengths, page_size, hkv, d, dtype, num_pages=None, shar
     )
 
 
+@jax.jit
 def gathered(cache):
     """The contiguous ``[B, max_pages * page_size, Hkv, D]`` K and V (unused slots read page 0, masked)."""
     table = jnp.maximum(cache.block_table, 0)
@@ -46,6 +50,12 @@ def gathered(cache):
 
 def nn_reference(q, cache, softcap=None):
     """jax.nn on the gathered cache in fp32 (q ``[B, T, Hq, D]``, causal within the chunk); length-0 rows -> 0."""
+    o, visible = _nn_reference(q, cache, softcap)
+    return np.asarray(o), np.asarray(visible)
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _nn_reference(q, cache, softcap):
     k, v = gathered(cache)
     B, T = q.shape[:2]
     S = k.shape[1]
@@ -64,15 +74,16 @@ def nn_reference(q, cache, softcap=None):
         p = jax.nn.softmax(logits, axis=-1)
         o = jnp.einsum("bnts,bsnd->btnd", jnp.nan_to_num(p), vv, precision="highest")
     visible = jnp.any(mask, axis=-1)  # [B, T]
-    return np.asarray(jnp.where(visible[:, :, None, None], o, 0.0)), np.asarray(visible)
+    return jnp.where(visible[:, :, None, None], o, 0.0), visible
 
 
 PAGE = 8
 LENGTHS = [0, 1, PAGE - 1, PAGE, 5 * PAGE + 3]
 
 
-@pytest.mark.parametrize("hq,hkv", [(2, 2), (8, 2), (8, 1)])
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize(
+    "hq,hkv,dtype", [(2, 2, np.float32), (8, 2, np.float16), (8, 1, np.float32), (8, 8, np.float16)]
+)
 def test_decode_one_token(hq, hkv, dtype):
     rng = np.random.default_rng(hq * 10 + hkv)
     cache = random_cache(rng, lengths=LENGTHS, page_size=PAGE, hkv=hkv, d=32, dtype=dtype)
@@ -201,8 +212,6 @@ def test_bad_inputs():
 
 def dataclass_replace(cache, **changes):
     """Bypasses ``PagedKVCache.replace``'s check, so the check inside ``decode`` is the one tested."""
-    import dataclasses
-
     return dataclasses.replace(cache, **changes)
 
 
@@ -212,3 +221,43 @@ def test_cache_is_a_pytree_under_jit():
     assert len(leaves) == 4
     doubled = jax.jit(lambda c: jax.tree_util.tree_map(lambda x: x * 2, c))(cache)
     assert isinstance(doubled, kc.PagedKVCache)
+
+
+def numpy_reference(q, cache):
+    """float64 attention of one query token per request over the gathered cache, written out in numpy."""
+    k, v = (np.asarray(x.astype(jnp.float32), np.float64) for x in gathered(cache))
+    q = np.asarray(q.astype(jnp.float32), np.float64)
+    G = q.shape[1] // k.shape[2]
+    out = np.zeros(q.shape)
+    for b, L in enumerate(np.asarray(cache.lengths)):
+        for h in range(q.shape[1]):
+            logits = k[b, :L, h // G] @ q[b, h] / np.sqrt(q.shape[-1])
+            p = np.exp(logits - logits.max(initial=-np.inf)) if L else logits
+            out[b, h] = p @ v[b, :L, h // G] / p.sum() if L else 0.0
+    return out
+
+
+def test_decode_bfloat16_against_float64():
+    rng = np.random.default_rng(11)
+    lengths = [1, 2 * PAGE - 1, 3 * PAGE, 0]
+    cache = random_cache(
+        rng, lengths=lengths, page_size=PAGE, hkv=2, d=64, dtype=jnp.bfloat16, shared_prefix_pages=1
+    )
+    q = jnp.asarray(rng.standard_normal((4, 8, 64)), jnp.bfloat16)
+    assert rel_err(kc.decode(q, cache), numpy_reference(q, cache)) < tol(jnp.bfloat16)
+
+
+def test_decode_in_jit_clamps_bad_entries():
+    """Inside jit the contents are not checked: an out-of-range page id and a too-long length read in bounds."""
+    rng = np.random.default_rng(5)
+    cache = random_cache(rng, lengths=[PAGE, 2], page_size=PAGE, hkv=1, d=8, dtype=np.float32)
+    bad = dataclasses.replace(
+        cache,
+        block_table=cache.block_table.at[0, 0].set(10**6),
+        lengths=jnp.asarray([10**6, 2], jnp.int32),
+    )
+    q = jnp.asarray(rng.standard_normal((2, 2, 8)), np.float32)
+    out = jax.jit(kc.decode)(q, bad)
+    assert np.all(np.isfinite(np.asarray(out)))
+    ref, _ = nn_reference(q[:, None], cache)
+    assert rel_err(out[1], ref[1, 0]) < tol(np.float32)  # the well-formed request is unaffected
