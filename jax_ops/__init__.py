@@ -3,7 +3,7 @@
 Importing this package loads nothing native; targets are registered on the first op call.
 """
 
-from jax_ops import attention, gemm_ops, lsmr_kernels, sparse
+from jax_ops import attention, gemm_ops, kv_cache, lsmr_kernels, sparse
 from jax_ops._ffi import has_cuda_build, runtime_info
 from jax_ops.attention import dot_product_attention
 from jax_ops.gemm_ops import gated_linear, gemm, linear
@@ -19,6 +19,7 @@ __all__ = [
     "gemm",
     "gemm_ops",
     "has_cuda_build",
+    "kv_cache",
     "linear",
     "lsmr",
     "lsmr_kernels",
