@@ -5,9 +5,9 @@
 // kStages-deep shared-memory ring with TMA, signalling `full` mbarriers; it gives its registers to the consumers.
 // Warpgroups 1 and 2 are the consumers, 64 rows of the 128-row tile each: wgmma m64 n256 (gated: two n128, one per
 // projection) from the ring, releasing a stage on its `empty` mbarrier once the next K block's wgmma is issued, then
-// the epilogue from the accumulators straight to global memory (each thread owns row pairs of 2 consecutive
-// columns). Tiles are visited in a grouped order (kGroupRows M tiles per group) so concurrent CTAs share A and B
-// tiles in L2; the producer runs ahead into the next tile while the consumers finish the epilogue.
+// the epilogue: accumulators staged through shared memory in column chunks, stored as 16-byte runs along rows. Tiles
+// are visited in a grouped order (kGroupRows M tiles per group) so concurrent CTAs share A and B tiles in L2; the
+// producer runs ahead into the next tile while the consumers finish the epilogue.
 #pragma once
 
 #include <cuda.h>
@@ -423,9 +423,6 @@ cudaError_t LaunchSm90Kernel(const KernelArgs& args, int num_sms, cudaStream_t s
   grid.tiles_per_batch = grid.m_tiles * grid.n_tiles;
   grid.num_tiles = grid.tiles_per_batch * args.batch;
   grid.group_rows = Tr::kGroupRows;
-#ifdef JAX_OPS_GEMM_SCRATCH
-  if (const char* g = getenv("SM90_GROUP")) grid.group_rows = atoi(g);
-#endif
   const auto kernel = GemmSm90Kernel<TA, TB, kGated, kBMajor>;
   cudaError_t err = SetDynamicSmemOnce(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
   if (err != cudaSuccess) return err;
