@@ -102,18 +102,12 @@ def run(ctx) -> list[dict]:
         ref = jax.jit(ref_fn)(x.astype(jnp.float32), *(w.astype(jnp.float32) for w in weights))
         impls = {"jax_ops": ours, "xla": ref_fn}
         if glu is not None and c["kind"] == "swiglu":
-            impls["tokamax"] = lambda x, wg, wu: glu(x, jnp.stack([wg, wu], axis=1))
+            impls["tokamax"] = glu  # f(x, w [K, 2, N])
         times = {}
         for impl, fn in impls.items():
             row = {"case": name, "impl": impl, "time_us": None}
-            operands = weights
-            if impl == "tokamax":  # the fused [K, 2, N] weight built once, outside the timed step
-                packed = jnp.stack(weights, axis=1)
-                operands = (packed,)
-
-                def fn(x, w, _glu=glu):
-                    return _glu(x, w)
-
+            # tokamax takes the fused [K, 2, N] weight, built once outside the timed step.
+            operands = (jnp.stack(weights, axis=1),) if impl == "tokamax" else weights
             try:
                 out = jax.jit(fn)(x, *operands)
                 t = time_loop(_step(fn), out, x, *operands)
