@@ -6,6 +6,7 @@
 #include "attention/params.h"
 #include "common/registration.h"
 #include "gemm/params.h"
+#include "kv_cache/params.h"
 #include "lsmr/params.h"
 #include "sparse/heuristics.h"
 #include "sparse/slab_spmv_params.h"
@@ -23,6 +24,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsSparseSlabSpmvCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsAttentionFwdCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsAttentionBwdCpu);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsGemmCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsKvCacheAppendCpu);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsKvCacheDecodeCpu);
 
 namespace nb = nanobind;
 
@@ -41,6 +44,8 @@ NB_MODULE(_jax_ops_cpu, m) {
     targets["jax_ops_attention_fwd"] = jax_ops::HandlerCapsule(JaxOpsAttentionFwdCpu);
     targets["jax_ops_attention_bwd"] = jax_ops::HandlerCapsule(JaxOpsAttentionBwdCpu);
     targets["jax_ops_gemm"] = jax_ops::HandlerCapsule(JaxOpsGemmCpu);
+    targets["jax_ops_kv_cache_append"] = jax_ops::HandlerCapsule(JaxOpsKvCacheAppendCpu);
+    targets["jax_ops_kv_cache_decode"] = jax_ops::HandlerCapsule(JaxOpsKvCacheDecodeCpu);
     return targets;
   });
   m.def("constants", []() {
@@ -118,6 +123,18 @@ NB_MODULE(_jax_ops_cpu, m) {
       constants["gemm_gated_none"] = static_cast<int64_t>(gm::Gated::kNone);
       constants["gemm_gated_separate"] = static_cast<int64_t>(gm::Gated::kSeparate);
       constants["gemm_gated_packed"] = static_cast<int64_t>(gm::Gated::kPacked);
+    }
+
+    // kv_cache
+    {
+      namespace kv = jax_ops::kv_cache;
+      nb::list head_dims;
+      for (auto d : kv::kCudaDecodeHeadDims) head_dims.append(d);
+      constants["kv_cache_cuda_decode_head_dims"] = head_dims;
+      constants["kv_cache_cuda_dtypes"] = names(kv::kCudaDTypeNames);
+      constants["kv_cache_split_key_align"] = kv::kSplitKeyAlign;
+      constants["kv_cache_status_ok"] = kv::kStatusOk;
+      constants["kv_cache_status_past_allocated_pages"] = kv::kStatusPastAllocatedPages;
     }
 
     return constants;

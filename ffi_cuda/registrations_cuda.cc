@@ -16,6 +16,8 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsSparseSlabSpmvCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsAttentionFwdCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsAttentionBwdCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsGemmCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsKvCacheAppendCuda);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsKvCacheDecodeCuda);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(JaxOpsRuntimeInfoCuda);
 
 namespace nb = nanobind;
@@ -35,6 +37,8 @@ NB_MODULE(_jax_ops_cuda, m) {
     targets["jax_ops_attention_fwd"] = jax_ops::HandlerCapsule(JaxOpsAttentionFwdCuda);
     targets["jax_ops_attention_bwd"] = jax_ops::HandlerCapsule(JaxOpsAttentionBwdCuda);
     targets["jax_ops_gemm"] = jax_ops::HandlerCapsule(JaxOpsGemmCuda);
+    targets["jax_ops_kv_cache_append"] = jax_ops::HandlerCapsule(JaxOpsKvCacheAppendCuda);
+    targets["jax_ops_kv_cache_decode"] = jax_ops::HandlerCapsule(JaxOpsKvCacheDecodeCuda);
     targets["jax_ops_runtime_info"] = jax_ops::HandlerCapsule(JaxOpsRuntimeInfoCuda);
     return targets;
   });

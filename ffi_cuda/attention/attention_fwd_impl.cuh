@@ -163,26 +163,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 2)
         }
       }
       float corr[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
-        mx = QuadMax(mx);
-        const float new_max = fmaxf(row_max[i], mx);
-        // A row that has seen no allowed key keeps max = -inf; use 0 as the offset so exp2 gives 0, not NaN.
-        const float offset = new_max == -INFINITY ? 0.f : new_max;
-        corr[i] = exp2f(row_max[i] - offset);
-        row_max[i] = new_max;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          s[nt][2 * i] = exp2f(s[nt][2 * i] - offset);
-          s[nt][2 * i + 1] = exp2f(s[nt][2 * i + 1] - offset);
-          sum += s[nt][2 * i] + s[nt][2 * i + 1];
-        }
-        row_sum[i] = row_sum[i] * corr[i] + sum;
-      }
+      OnlineSoftmaxStep(s, row_max, row_sum, corr);
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt) {
         acc_o[dt][0] *= corr[0];

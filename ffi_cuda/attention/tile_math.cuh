@@ -101,6 +101,34 @@ __device__ __forceinline__ float QuadSum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// One online-softmax step of a warp's 16-row S tile (kNT n8 mma tiles, log2 domain, disallowed entries -inf):
+// updates the two rows' running max and this thread's partial sums, turns S into P = exp2(S - max) in place and
+// returns in `corr` the factors that rescale the rows' previous O accumulators.
+template <int kNT>
+__device__ __forceinline__ void OnlineSoftmaxStep(float (&s)[kNT][4], float (&row_max)[2], float (&row_sum)[2],
+                                                  float (&corr)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
+    mx = QuadMax(mx);
+    const float new_max = fmaxf(row_max[i], mx);
+    // A row that has seen no allowed key keeps max = -inf; use 0 as the offset so exp2 gives 0, not NaN.
+    const float offset = new_max == -INFINITY ? 0.f : new_max;
+    corr[i] = exp2f(row_max[i] - offset);
+    row_max[i] = new_max;
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      s[nt][2 * i] = exp2f(s[nt][2 * i] - offset);
+      s[nt][2 * i + 1] = exp2f(s[nt][2 * i + 1] - offset);
+      sum += s[nt][2 * i] + s[nt][2 * i + 1];
+    }
+    row_sum[i] = row_sum[i] * corr[i] + sum;
+  }
+}
+
 }  // namespace
 
 namespace hopper {

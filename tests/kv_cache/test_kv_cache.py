@@ -78,6 +78,29 @@ def _nn_reference(q, cache, softcap):
 
 
 PAGE = 8
+
+# Every test runs on each backend: the jnp path, our kernel (the CPU twin here, CUDA under -m gpu), and the kernel
+# with 3 key splits forced (the split-KV path and its log-sum-exp merge).
+BACKENDS = {"xla": ("xla", None), "ffi": ("ffi", None), "ffi-split3": ("ffi", 3)}
+_implementation = "xla"
+
+
+@pytest.fixture(autouse=True, params=list(BACKENDS))
+def backend(request):
+    global _implementation
+    _implementation, splits = BACKENDS[request.param]
+    with kc.overrides(splits=splits):
+        yield request.param
+
+
+def decode(q, cache, **kw):
+    return kc.decode(q, cache, implementation=_implementation, **kw)
+
+
+def append(cache, k, v, **kw):
+    return kc.append(cache, k, v, implementation=_implementation, **kw)
+
+
 LENGTHS = [0, 1, PAGE - 1, PAGE, 5 * PAGE + 3]
 
 
@@ -88,7 +111,7 @@ def test_decode_one_token(hq, hkv, dtype):
     rng = np.random.default_rng(hq * 10 + hkv)
     cache = random_cache(rng, lengths=LENGTHS, page_size=PAGE, hkv=hkv, d=32, dtype=dtype)
     q = jnp.asarray(rng.standard_normal((len(LENGTHS), hq, 32)), dtype)
-    out = jax.jit(kc.decode)(q, cache)
+    out = jax.jit(decode)(q, cache)
     assert out.shape == q.shape and out.dtype == q.dtype
     ref, visible = nn_reference(q[:, None], cache)
     assert rel_err(out, ref[:, 0]) < tol(dtype)
@@ -105,7 +128,7 @@ def test_decode_chunk_causal_shared_prefix(shared):
     q = jnp.asarray(
         rng.standard_normal((4, 5, 8, 16)), np.float32
     )  # T=5 > lengths[0]: early rows see nothing
-    out = kc.decode(q, cache)
+    out = decode(q, cache)
     ref, visible = nn_reference(q, cache)
     assert not visible.all()
     assert rel_err(out, ref) < tol(np.float32)
@@ -117,10 +140,10 @@ def test_decode_softcap_and_scale():
     cache = random_cache(rng, lengths=[3, 20], page_size=PAGE, hkv=1, d=16, dtype=np.float32)
     q = jnp.asarray(4 * rng.standard_normal((2, 4, 16)), np.float32)
     ref, _ = nn_reference(q[:, None], cache, softcap=2.0)
-    assert rel_err(kc.decode(q, cache, softcap=2.0), ref[:, 0]) < tol(np.float32)
+    assert rel_err(decode(q, cache, softcap=2.0), ref[:, 0]) < tol(np.float32)
     # an explicit scale equal to the default gives the same result
-    same = kc.decode(q, cache, scale=0.25)
-    assert rel_err(same, kc.decode(q, cache)) < 1e-6
+    same = decode(q, cache, scale=0.25)
+    assert rel_err(same, decode(q, cache)) < 1e-6
 
 
 def test_append_then_decode_equals_concatenated():
@@ -141,9 +164,9 @@ def test_append_then_decode_equals_concatenated():
     k_old, v_old = gathered(cache)
     k_new = jnp.asarray(rng.standard_normal((B, T, hkv, d)), np.float32)
     v_new = jnp.asarray(rng.standard_normal((B, T, hkv, d)), np.float32)
-    after = jax.jit(kc.append)(cache, k_new[:, :2], v_new[:, :2])  # a chunk of 2 ...
+    after = jax.jit(append)(cache, k_new[:, :2], v_new[:, :2])  # a chunk of 2 ...
     for t in range(2, T):  # ... then token by token
-        after = kc.append(after, k_new[:, t], v_new[:, t])
+        after = append(after, k_new[:, t], v_new[:, t])
     np.testing.assert_array_equal(after.lengths, np.asarray(lengths) + T)
     k_got, v_got = gathered(after)
     for b in range(B):  # the concatenated cache, token for token (the old tokens kept, the new ones written)
@@ -153,7 +176,7 @@ def test_append_then_decode_equals_concatenated():
         np.testing.assert_array_equal(v_got[b, L : L + T], v_new[b])
     q = jnp.asarray(rng.standard_normal((B, 4, 8, d)), np.float32)
     ref, _ = nn_reference(q, after)
-    assert rel_err(kc.decode(q, after), ref) < tol(np.float32)
+    assert rel_err(decode(q, after), ref) < tol(np.float32)
 
 
 def test_append_past_allocated_pages_writes_nothing():
@@ -162,52 +185,50 @@ def test_append_past_allocated_pages_writes_nothing():
     )
     tokens = jnp.ones((2, PAGE + 1, 1, 8), jnp.float32)
     with pytest.raises(ValueError, match="request 0 .*past its allocated pages"):
-        kc.append(cache, tokens, tokens)
-    new, status = jax.jit(lambda c, k: kc.append(c, k, k, return_status=True))(cache, tokens)
+        append(cache, tokens, tokens)
+    new, status = jax.jit(lambda c, k: append(c, k, k, return_status=True))(cache, tokens)
     np.testing.assert_array_equal(status, [1, 0])
     np.testing.assert_array_equal(new.lengths, [0, PAGE + 1])
     assert float(jnp.abs(new.k_pages[0]).max()) == 0  # request 0's page untouched
     assert float(new.k_pages[1].min()) == 1 and float(new.k_pages[2, 0].min()) == 1
     full = kc.create(4, PAGE, 1, 8, jnp.float32, 1, 1).replace(block_table=jnp.asarray([[3]], jnp.int32))
-    full = kc.append(full, tokens[:1, :PAGE], tokens[:1, :PAGE])
+    full = append(full, tokens[:1, :PAGE], tokens[:1, :PAGE])
     with pytest.raises(ValueError, match="past its allocated pages"):  # past max_pages
-        kc.append(full, tokens[:1, 0], tokens[:1, 0])
+        append(full, tokens[:1, 0], tokens[:1, 0])
 
 
 def test_bad_inputs():
     cache = kc.create(4, PAGE, 2, 8, jnp.float16, 2, 2)
     q = jnp.zeros((2, 4, 8), jnp.float16)
     with pytest.raises(ValueError, match=r"block_table\[0, 0\] = 9"):
-        kc.decode(
+        decode(
             q,
             cache.replace(
                 block_table=jnp.asarray([[9, -1], [0, -1]], jnp.int32), lengths=jnp.asarray([1, 1], jnp.int32)
             ),
         )
     with pytest.raises(ValueError, match=r"block_table\[1, 0\] = -1"):
-        kc.decode(q, cache.replace(lengths=jnp.asarray([0, 1], jnp.int32)))
+        decode(q, cache.replace(lengths=jnp.asarray([0, 1], jnp.int32)))
     with pytest.raises(ValueError, match=r"lengths\[0\] = 17"):
-        kc.decode(q, dataclass_replace(cache, lengths=jnp.asarray([17, 0], jnp.int32)))
+        decode(q, dataclass_replace(cache, lengths=jnp.asarray([17, 0], jnp.int32)))
     with pytest.raises(TypeError, match="block_table must have dtype"):
         cache.replace(block_table=jnp.zeros((2, 2), jnp.float32))
     with pytest.raises(TypeError, match="q has dtype float32"):
-        kc.decode(q.astype(jnp.float32), cache)
+        decode(q.astype(jnp.float32), cache)
     with pytest.raises(ValueError, match="not a multiple"):
-        kc.decode(jnp.zeros((2, 3, 8), jnp.float16), cache)
+        decode(jnp.zeros((2, 3, 8), jnp.float16), cache)
     with pytest.raises(ValueError, match="head dim 16"):
-        kc.decode(jnp.zeros((2, 4, 16), jnp.float16), cache)
+        decode(jnp.zeros((2, 4, 16), jnp.float16), cache)
     with pytest.raises(ValueError, match="k_new must be"):
-        kc.append(cache, jnp.zeros((2, 3, 8), jnp.float16), jnp.zeros((2, 3, 8), jnp.float16))
+        append(cache, jnp.zeros((2, 3, 8), jnp.float16), jnp.zeros((2, 3, 8), jnp.float16))
     with pytest.raises(TypeError, match="k_new has dtype"):
-        kc.append(cache, jnp.zeros((2, 2, 8), jnp.float32), jnp.zeros((2, 2, 8), jnp.float32))
-    with pytest.raises(NotImplementedError, match="CUDA kernel is not built yet"):
-        kc.decode(q, cache, implementation="ffi")
+        append(cache, jnp.zeros((2, 2, 8), jnp.float32), jnp.zeros((2, 2, 8), jnp.float32))
     with pytest.raises(ValueError, match="implementation must be"):
         kc.decode(q, cache, implementation="cuda")
     with pytest.raises(ValueError, match="max_pages must be a positive int"):
         kc.create(4, PAGE, 2, 8, jnp.float16, 2, 0)
     with pytest.raises(TypeError, match="cache must be a PagedKVCache"):
-        kc.decode(q, (cache.k_pages, cache.v_pages))
+        decode(q, (cache.k_pages, cache.v_pages))
 
 
 def dataclass_replace(cache, **changes):
@@ -244,7 +265,7 @@ def test_decode_bfloat16_against_float64():
         rng, lengths=lengths, page_size=PAGE, hkv=2, d=64, dtype=jnp.bfloat16, shared_prefix_pages=1
     )
     q = jnp.asarray(rng.standard_normal((4, 8, 64)), jnp.bfloat16)
-    assert rel_err(kc.decode(q, cache), numpy_reference(q, cache)) < tol(jnp.bfloat16)
+    assert rel_err(decode(q, cache), numpy_reference(q, cache)) < tol(jnp.bfloat16)
 
 
 def test_decode_in_jit_clamps_bad_entries():
@@ -257,7 +278,28 @@ def test_decode_in_jit_clamps_bad_entries():
         lengths=jnp.asarray([10**6, 2], jnp.int32),
     )
     q = jnp.asarray(rng.standard_normal((2, 2, 8)), np.float32)
-    out = jax.jit(kc.decode)(q, bad)
+    out = jax.jit(decode)(q, bad)
     assert np.all(np.isfinite(np.asarray(out)))
     ref, _ = nn_reference(q[:, None], cache)
     assert rel_err(out[1], ref[1, 0]) < tol(np.float32)  # the well-formed request is unaffected
+
+
+def test_decode_long_requests_over_several_splits():
+    """Lengths spanning several 64-key split chunks (the kernel's key tiles), ragged, one request empty."""
+    rng = np.random.default_rng(13)
+    lengths = [200, 130, 0, 65]
+    cache = random_cache(rng, lengths=lengths, page_size=16, hkv=2, d=32, dtype=np.float32)
+    q = jnp.asarray(rng.standard_normal((4, 3, 8, 32)), np.float32)
+    out = decode(q, cache)
+    ref, visible = nn_reference(q, cache)
+    assert rel_err(out, ref) < tol(np.float32)
+    assert np.all(np.asarray(out)[~visible] == 0)
+
+
+def test_status_codes_are_the_native_ones():
+    from jax_ops import _ffi
+    from jax_ops._src.kv_cache import reference
+
+    consts = _ffi.constants()
+    assert reference.STATUS_OK == consts["kv_cache_status_ok"]
+    assert reference.STATUS_PAST_ALLOCATED_PAGES == consts["kv_cache_status_past_allocated_pages"]

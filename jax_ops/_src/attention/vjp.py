@@ -13,6 +13,7 @@ from jax_ops import _checks
 from jax_ops._src.attention import heuristics
 from jax_ops._src.attention.batching import bwd_op, fwd_op
 from jax_ops._src.attention.ffi import fill, vary_like
+from jax_ops._src.attention.merge import merge_by_lse
 from jax_ops._src.attention.reference import dot_product_attention as reference_attention
 from jax_ops._src.attention.validation import Config
 
@@ -32,16 +33,9 @@ def _forward_split(cfg: Config, splits: int, q, k, v, qsl, kvsl):
     split_cfg = dataclasses.replace(cfg, has_kv_seqlen=True)
     bias, mask, qslf, _ = fill(split_cfg, None, None, qslf, chunk_len)
     o_parts, lse_parts = fwd_op(split_cfg)(qf, kf, vf, bias, mask, qslf, chunk_len)
-    lse_parts = lse_parts.reshape(B, splits, N, T)
-    top = jnp.max(lse_parts, axis=1, keepdims=True)  # NaN when a chunk's row is NaN: it stays NaN below
-    top = jnp.where(top == -jnp.inf, 0.0, top)  # all chunks empty: weights 0, lse -inf, o 0
-    w = jnp.exp(lse_parts - top)  # [B, splits, N, T]; exp(-inf) = 0 for empty chunks
-    total = jnp.sum(w, axis=1)  # [B, N, T]
-    empty = total == 0
-    lse = jnp.where(empty, -jnp.inf, jnp.log(jnp.where(empty, 1.0, total)) + top[:, 0])
-    w = w / jnp.where(empty, 1.0, total)[:, None]
-    o_parts = o_parts.reshape(B, splits, T, N, D).astype(jnp.float32)
-    o = jnp.einsum("bsnt,bstnd->btnd", w, o_parts, precision=jax.lax.Precision.HIGHEST)
+    lse_parts = lse_parts.reshape(B, splits, N, T).transpose(0, 1, 3, 2)  # [B, splits, T, N]
+    o, lse = merge_by_lse(o_parts.reshape(B, splits, T, N, D), lse_parts, axis=1)
+    lse = lse.transpose(0, 2, 1)  # [B, N, T]
     return o.astype(q.dtype), lse.astype(jnp.float32)
 
 

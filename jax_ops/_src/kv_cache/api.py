@@ -8,20 +8,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_ops import _ffi
 from jax_ops._checks import check_array
-from jax_ops._src.dispatch import check_implementation
-from jax_ops._src.kv_cache import reference
+from jax_ops._src import dispatch
+from jax_ops._src.kv_cache import ffi, heuristics, reference
 from jax_ops._src.kv_cache.cache import DTYPES, PagedKVCache, check_cache, is_concrete
 
-_NO_KERNEL = "jax_ops.kv_cache: implementation='ffi' is not available: the paged CUDA kernel is not built yet"
 
-
-def _implementation(implementation: str | None) -> str:
-    """``None`` is the jnp path on every platform until the kernel exists; ``"ffi"`` raises."""
-    check_implementation(implementation)
-    if implementation == "ffi":
-        raise NotImplementedError(_NO_KERNEL)
-    return "xla"
+def _append_unsupported() -> str | None:
+    if "jax_ops_kv_cache_append" not in _ffi.target_names("cpu"):
+        return "this build has no kv_cache targets"
+    if dispatch.platform() == "gpu" and not _ffi.has_cuda_build():
+        return "this build has no CUDA kernels"
+    return None
 
 
 def _check_tokens(name: str, value, cache: PagedKVCache) -> jax.Array:
@@ -56,12 +55,13 @@ def append(
     1 = not written (past the request's allocated pages), and check it.
     """
     check_cache(cache)
-    _implementation(implementation)
+    dispatch.check_implementation(implementation)
     k = _check_tokens("k_new", k_new, cache)
     v = _check_tokens("v_new", v_new, cache)
     if k.shape != v.shape:
         raise ValueError(f"v_new has shape {tuple(v_new.shape)} but k_new has shape {tuple(k_new.shape)}")
-    new, status = reference.append(cache, k, v)
+    path = dispatch.choose("kv_cache.append", implementation, unsupported=_append_unsupported())
+    new, status = ffi.append_ffi(cache, k, v) if path == "ffi" else reference.append(cache, k, v)
     if return_status:
         return new, status
     if is_concrete(status):
@@ -92,7 +92,7 @@ def decode(
     (length 0) returns 0. Returns q's shape and dtype.
     """
     check_cache(cache)
-    _implementation(implementation)
+    dispatch.check_implementation(implementation)
     q = check_array("q", q, dtypes=DTYPES)
     if q.ndim not in (3, 4):
         raise ValueError(f"q must be [B, Hq, D] or [B, T, Hq, D], got shape {tuple(q.shape)}")
@@ -110,7 +110,19 @@ def decode(
     if softcap is not None and not softcap > 0:
         raise ValueError(f"softcap must be positive or None, got {softcap!r}")
     q4 = q if q.ndim == 4 else q[:, None]
-    o = reference.decode(q4, cache, scale=scale, softcap=softcap)
+    path = dispatch.choose(
+        "kv_cache.decode",
+        implementation,
+        unsupported=heuristics.decode_unsupported(q.dtype, D),
+        default_on_cpu="xla",
+    )
+    if path == "ffi":
+        n_splits = heuristics.splits(
+            B, cache.num_kv_heads, q4.shape[1] * (Hq // cache.num_kv_heads), cache.capacity
+        )
+        o = ffi.decode_ffi(q4, cache, scale=scale, softcap=softcap, splits=n_splits)
+    else:
+        o = reference.decode(q4, cache, scale=scale, softcap=softcap)
     return o if q.ndim == 4 else o[:, 0]
 
 

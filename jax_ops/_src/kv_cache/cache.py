@@ -50,6 +50,11 @@ class PagedKVCache:
     def max_pages(self) -> int:
         return self.block_table.shape[1]
 
+    @property
+    def capacity(self) -> int:
+        """Tokens a request can hold: ``max_pages * page_size``."""
+        return self.max_pages * self.page_size
+
     def replace(self, **changes) -> PagedKVCache:
         """A copy with some fields replaced (e.g. a new ``block_table`` from the ``BlockManager``), re-checked."""
         return check_cache(dataclasses.replace(self, **changes))

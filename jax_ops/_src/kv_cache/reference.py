@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from jax_ops._src.kv_cache.cache import PagedKVCache
 
-# append's per-request status codes.
+# append's per-request status codes (ffi_cuda/kv_cache/params.h).
 STATUS_OK = 0
 STATUS_PAST_ALLOCATED_PAGES = 1
 
@@ -25,7 +25,7 @@ def append(cache: PagedKVCache, k_new: jax.Array, v_new: jax.Array) -> tuple[Pag
     P, page = cache.num_pages, cache.page_size
     pos = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]  # [B, T]
     slot = pos // page
-    in_table = slot < cache.max_pages
+    in_table = (pos >= 0) & (slot < cache.max_pages)
     page_id = jnp.take_along_axis(cache.block_table, jnp.minimum(slot, cache.max_pages - 1), axis=1)
     ok_token = in_table & (page_id >= 0) & (page_id < P)
     ok = jnp.all(ok_token, axis=1)  # [B]

@@ -1,0 +1,340 @@
+// The kv_cache CUDA kernels: the fused paged append and the paged GQA decode (contract in params.h).
+//
+// Append: one launch writes every request's new K and V rows straight into their pages (16-byte copies when a
+// head row allows it); the CTAs of a request first agree, with one __syncthreads_and, that all of its positions
+// have a page, so a request that does not fit writes nothing.
+//
+// Decode: CTA = (16 packed query rows, one split, one kv head, one request). The G query heads of the kv head
+// and the T query tokens are packed as rows t * G + g of one mma tile (GQA by index mapping: K/V are read once
+// per group). Key tiles of 64 rows stream through a cp.async ring; each row's address is translated through the
+// block table inside the kernel (the page id read once per key row, no gathered copy). Each of the 4 warps runs
+// the attention family's online softmax over its 16 keys of every tile; the warps' states merge through shared
+// memory at the end, and splits > 1 write normalised partial outputs with their log-sum-exp for the Python merge.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "arch/sm80/cp_async.cuh"
+#include "arch/sm80/ldmatrix.cuh"
+#include "arch/sm80/mma.cuh"
+#include "attention/tile_math.cuh"
+#include "common/cuda_helpers.h"
+#include "kv_cache/kernels.h"
+
+namespace jax_ops::kv_cache {
+namespace {
+
+using attention::EndRow, attention::MmaAccTile, attention::OnlineSoftmaxStep, attention::QuadSum, attention::RowEnd,
+    attention::Swz;
+using sm80::CpAsync16, sm80::CpAsyncCommit, sm80::CpAsyncWait, sm80::LdMatrixX4, sm80::Mma;
+
+// ---------------------------------------------------------------- append
+
+constexpr int kAppendThreads = 256;
+
+// Whether request b's tokens [length, length + T) all land in allocated slots. Every thread of the CTA checks a
+// share of the slots; the CTA agrees through __syncthreads_and (so every thread must call it).
+__device__ bool RequestFits(const AppendArgs& a, int64_t b) {
+  const Shape& s = a.shape;
+  const int64_t length = a.lengths[b];
+  bool ok = length >= 0 && length + s.tokens <= s.capacity();
+  if (ok && s.tokens > 0) {
+    const int64_t first = length / s.page_size, last = (length + s.tokens - 1) / s.page_size;
+    for (int64_t slot = first + threadIdx.x; slot <= last; slot += blockDim.x) {
+      const int32_t page = a.block_table[b * s.max_pages + slot];
+      ok = ok && page >= 0 && page < s.num_pages;
+    }
+  }
+  return __syncthreads_and(ok);
+}
+
+// grid (CTAs per request, B): request blockIdx.y's T * Hkv head rows, `Vec` bytes a thread per step.
+template <typename Vec>
+__global__ void __launch_bounds__(kAppendThreads) PagedAppendKernel(const AppendArgs a) {
+  const Shape& s = a.shape;
+  const int64_t b = blockIdx.y;
+  const bool fits = RequestFits(a, b);
+  const int64_t length = a.lengths[b];
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    a.status[b] = fits ? kStatusOk : kStatusPastAllocatedPages;
+    a.lengths_out[b] = fits ? static_cast<int32_t>(length + s.tokens) : static_cast<int32_t>(length);
+  }
+  if (!fits) return;
+  const int64_t row_vecs = s.head_dim * a.elem_bytes / static_cast<int64_t>(sizeof(Vec));
+  const int64_t total = s.tokens * s.num_kv_heads * row_vecs;
+  const int64_t src_base = b * total;  // k_new / v_new [B, T, Hkv, D] in Vec units
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t c = i % row_vecs, row = i / row_vecs;
+    const int64_t h = row % s.num_kv_heads, t = row / s.num_kv_heads;
+    const int64_t pos = length + t;
+    const int32_t page = a.block_table[b * s.max_pages + pos / s.page_size];
+    const int64_t dst = s.PageOffset(page, pos % s.page_size, h) * a.elem_bytes / static_cast<int64_t>(sizeof(Vec)) + c;
+    static_cast<Vec*>(a.k_pages)[dst] = static_cast<const Vec*>(a.k_new)[src_base + i];
+    static_cast<Vec*>(a.v_pages)[dst] = static_cast<const Vec*>(a.v_new)[src_base + i];
+  }
+}
+
+template <typename Vec>
+cudaError_t LaunchAppendVec(cudaStream_t stream, const AppendArgs& a) {
+  const Shape& s = a.shape;
+  const int64_t total = s.tokens * s.num_kv_heads * (s.head_dim * a.elem_bytes / static_cast<int64_t>(sizeof(Vec)));
+  const int64_t ctas = std::clamp<int64_t>((total + kAppendThreads - 1) / kAppendThreads, 1, 1024);
+  PagedAppendKernel<Vec>
+      <<<dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(s.batch)), kAppendThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------- decode
+
+template <int kHeadDim>
+struct DecodeTraits {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kRows = 16;           // packed query rows per CTA: one mma row tile
+  static constexpr int kKeys = 16 * kWarps;  // keys per tile, 16 per warp
+  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a head row
+  static constexpr int kPitch = (kHeadDim + 63) / 64 * 64;
+  static constexpr int kKS = kHeadDim / 16;  // k-steps of Q K^T
+  static constexpr int kDT = kHeadDim / 8;   // n8 tiles of O
+  static constexpr bool kQInRegs = kHeadDim <= 128;
+  static constexpr int kQBytes = kRows * kPitch * 2;
+  static constexpr int kTileElems = kKeys * kPitch;
+  static constexpr int kStageBytes = 2 * kTileElems * 2;  // K and V tiles
+  static constexpr int kMergePitch = kHeadDim + 4;        // floats: rows of the warps' O in the merge
+  static constexpr int kMergeBytes = kWarps * kRows * (kMergePitch + 2) * 4;
+  static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes;
+  static_assert(kKeys == kSplitKeyAlign, "a split is a whole number of key tiles");
+  static_assert(kMergeBytes <= kSmemBytes, "the merge reuses the tile ring");
+};
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2) PagedDecodeKernel(const DecodeArgs a) {
+  using Tr = DecodeTraits<kHeadDim>;
+  constexpr int kP = Tr::kPitch, kKeys = Tr::kKeys, kStages = Tr::kStages;
+  constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
+  const Shape& s = a.shape;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* ring = reinterpret_cast<T*>(smem_raw + Tr::kQBytes);  // stage i: K at 2i tiles, V at 2i + 1
+
+  const int64_t group = s.group(), packed_rows = group * s.tokens;
+  const int64_t row_blocks = (packed_rows + Tr::kRows - 1) / Tr::kRows;
+  const int64_t split = blockIdx.x / row_blocks, rb = blockIdx.x % row_blocks;
+  const int64_t kvh = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
+
+  const int64_t length = min(max(int64_t{a.lengths[b]}, int64_t{0}), s.capacity());
+  const int64_t chunk = SplitChunk(length, a.splits);
+  const int64_t lo = split * chunk, hi = min(length, lo + chunk);
+  const int n_tiles = hi > lo ? static_cast<int>((hi - lo + kKeys - 1) / kKeys) : 0;
+
+  // The two rows this thread holds in the mma layout, and the first key each may not see.
+  int64_t key_end[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int64_t pr = rb * Tr::kRows + (lane >> 2) + 8 * i;
+    key_end[i] = pr < packed_rows ? min(hi, length - s.tokens + pr / group + 1) : lo;
+  }
+  const int64_t unmasked_end = min(key_end[0], key_end[1]);
+
+  const T* k_pages = static_cast<const T*>(a.k_pages);
+  const T* v_pages = static_cast<const T*>(a.v_pages);
+  const int32_t* table = a.block_table + b * s.max_pages;
+  // Issues the cp.async loads of key tile `tile` into ring stage `stage` (rows past hi zero-filled, never read).
+  auto load_tile = [&](int tile, int stage) {
+    T* sK = ring + 2 * stage * Tr::kTileElems;
+    T* sV = sK + Tr::kTileElems;
+    const int64_t s0 = lo + int64_t{tile} * kKeys;
+    for (int idx = tid; idx < kKeys * Tr::kChunks; idx += Tr::kThreads) {
+      const int r = idx / Tr::kChunks, c = idx % Tr::kChunks;
+      const int64_t key = s0 + r;
+      const bool valid = key < hi;
+      int64_t page = valid ? table[key / s.page_size] : 0;
+      page = min(max(page, int64_t{0}), s.num_pages - 1);
+      const int64_t off = s.PageOffset(page, valid ? key % s.page_size : 0, kvh) + c * 8;
+      CpAsync16(sK + Swz<kP>(r, c), k_pages + off, valid);
+      CpAsync16(sV + Swz<kP>(r, c), v_pages + off, valid);
+    }
+  };
+
+  float acc_o[Tr::kDT][4];
+#pragma unroll
+  for (int i = 0; i < Tr::kDT; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+
+  if (n_tiles > 0) {
+    // Q rows (zero past the packed rows), with tile 0 in the first cp.async group.
+    const T* q = static_cast<const T*>(a.q);
+    for (int idx = tid; idx < Tr::kRows * Tr::kChunks; idx += Tr::kThreads) {
+      const int r = idx / Tr::kChunks, c = idx % Tr::kChunks;
+      const int64_t pr = rb * Tr::kRows + r;
+      const bool valid = pr < packed_rows;
+      const int64_t t = valid ? pr / group : 0, g = valid ? pr % group : 0;
+      CpAsync16(sQ + Swz<kP>(r, c), q + ((b * s.tokens + t) * s.num_q_heads + kvh * group + g) * kHeadDim + c * 8,
+                valid);
+    }
+#pragma unroll
+    for (int st = 0; st < kStages - 1; ++st) {
+      if (st < n_tiles) load_tile(st, st);
+      CpAsyncCommit();
+    }
+
+    uint32_t q_frag[Tr::kQInRegs ? Tr::kKS : 1][4];
+    const bool capped = a.softcap > 0.f;
+    const float scale_log2 = a.scale * kLog2e;
+    for (int tile = 0; tile < n_tiles; ++tile) {
+      CpAsyncWait<kStages - 2>();
+      __syncthreads();  // tile `tile` visible; every warp is done with the stage the next load overwrites
+      if (tile + kStages - 1 < n_tiles) load_tile(tile + kStages - 1, (tile + kStages - 1) % kStages);
+      CpAsyncCommit();
+      if constexpr (Tr::kQInRegs) {
+        if (tile == 0) {
+#pragma unroll
+          for (int ks = 0; ks < Tr::kKS; ++ks) LdMatrixX4(q_frag[ks], sQ + Swz<kP>(lane & 15, ks * 2 + (lane >> 4)));
+        }
+      }
+      const T* sK = ring + 2 * (tile % kStages) * Tr::kTileElems + warp * 16 * kP;
+      const T* sV = sK + Tr::kTileElems;
+
+      // S = Q K^T: the 16 packed rows x this warp's 16 keys of the tile.
+      float sc[2][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < Tr::kKS; ++ks) {
+        uint32_t qa[4];
+        if constexpr (Tr::kQInRegs) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) qa[i] = q_frag[ks][i];
+        } else {
+          LdMatrixX4(qa, sQ + Swz<kP>(lane & 15, ks * 2 + (lane >> 4)));
+        }
+        uint32_t bk[4];
+        LdMatrixX4(bk, sK + Swz<kP>((lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+        Mma<T>::Run(sc[0], qa, bk[0], bk[1]);
+        Mma<T>::Run(sc[1], qa, bk[2], bk[3]);
+      }
+
+      const int64_t s0 = lo + int64_t{tile} * kKeys + warp * 16;
+      const bool masked = s0 + 16 > unmasked_end;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = sc[nt][e];
+          x = capped ? a.softcap * tanhf(x * a.scale / a.softcap) * kLog2e : x * scale_log2;
+          if (masked && s0 + nt * 8 + (lane & 3) * 2 + (e & 1) >= key_end[e >> 1]) x = -INFINITY;
+          sc[nt][e] = x;
+        }
+      }
+      float corr[2];
+      OnlineSoftmaxStep(sc, row_max, row_sum, corr);
+#pragma unroll
+      for (int dt = 0; dt < Tr::kDT; ++dt) {
+        acc_o[dt][0] *= corr[0];
+        acc_o[dt][1] *= corr[0];
+        acc_o[dt][2] *= corr[1];
+        acc_o[dt][3] *= corr[1];
+      }
+      MmaAccTile<kP>(acc_o, sc, sV, lane);
+    }
+    CpAsyncWait<0>();
+  }
+  __syncthreads();  // the ring is free: it holds the warps' states for the merge
+
+  // Merge the 4 warps' (max, sum, O) per row through shared memory.
+  float* s_max = reinterpret_cast<float*>(smem_raw);
+  float* s_sum = s_max + Tr::kWarps * Tr::kRows;
+  float* s_acc = s_sum + Tr::kWarps * Tr::kRows;  // [warp][row][kMergePitch]
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float l = QuadSum(row_sum[i]);
+    const int r = (lane >> 2) + 8 * i;
+    if ((lane & 3) == 0) {
+      s_max[warp * Tr::kRows + r] = row_max[i];
+      s_sum[warp * Tr::kRows + r] = l;
+    }
+    float* dst = s_acc + (warp * Tr::kRows + r) * Tr::kMergePitch + (lane & 3) * 2;
+#pragma unroll
+    for (int dt = 0; dt < Tr::kDT; ++dt)
+      *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(acc_o[dt][2 * i], acc_o[dt][2 * i + 1]);
+  }
+  __syncthreads();
+
+  constexpr int kRowThreads = Tr::kThreads / Tr::kRows;  // 8 threads per output row, 4 columns each per step
+  const int r = tid / kRowThreads, col0 = (tid % kRowThreads) * 4;
+  const int64_t pr = rb * Tr::kRows + r;
+  if (pr >= packed_rows) return;
+  float top = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < Tr::kWarps; ++w) top = fmaxf(top, s_max[w * Tr::kRows + r]);
+  const float offset = top == -INFINITY ? 0.f : top;
+  float weight[Tr::kWarps], total = 0.f;
+#pragma unroll
+  for (int w = 0; w < Tr::kWarps; ++w) {
+    weight[w] = exp2f(s_max[w * Tr::kRows + r] - offset);
+    total += weight[w] * s_sum[w * Tr::kRows + r];
+  }
+  const RowEnd end = EndRow(total);
+  const int64_t t = pr / group, hq = kvh * group + pr % group;
+  const int64_t row = (b * s.tokens + t) * s.num_q_heads + hq;  // [B, T, Hq] row index
+  const int64_t rows_total = s.batch * s.tokens * s.num_q_heads;
+  for (int c = col0; c < kHeadDim; c += 4 * kRowThreads) {
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < Tr::kWarps; ++w) {
+      const float4 x = *reinterpret_cast<const float4*>(s_acc + (w * Tr::kRows + r) * Tr::kMergePitch + c);
+      v.x += weight[w] * x.x, v.y += weight[w] * x.y, v.z += weight[w] * x.z, v.w += weight[w] * x.w;
+    }
+    v = make_float4(end.Out(v.x), end.Out(v.y), end.Out(v.z), end.Out(v.w));
+    if (a.splits == 1) {
+      uint2 packed = make_uint2(Mma<T>::Pack(v.x, v.y), Mma<T>::Pack(v.z, v.w));
+      *reinterpret_cast<uint2*>(static_cast<T*>(a.o) + row * kHeadDim + c) = packed;
+    } else {
+      *reinterpret_cast<float4*>(a.o_parts + (split * rows_total + row) * kHeadDim + c) = v;
+    }
+  }
+  if (a.splits > 1 && tid % kRowThreads == 0)
+    a.lse_parts[split * rows_total + row] = end.empty ? -INFINITY : (top + log2f(total)) * kLn2;
+}
+
+}  // namespace
+
+cudaError_t LaunchAppend(cudaStream_t stream, const AppendArgs& args) {
+  const Shape& s = args.shape;
+  if (s.batch == 0) return cudaSuccess;
+  const int64_t row_bytes = s.head_dim * args.elem_bytes;
+  if (row_bytes % 16 == 0) return LaunchAppendVec<uint4>(stream, args);
+  if (row_bytes % 4 == 0) return LaunchAppendVec<uint32_t>(stream, args);
+  return LaunchAppendVec<uint16_t>(stream, args);
+}
+
+template <typename T, int kHeadDim>
+cudaError_t LaunchDecode(cudaStream_t stream, const DecodeArgs& args) {
+  using Tr = DecodeTraits<kHeadDim>;
+  const Shape& s = args.shape;
+  const int64_t rows = s.group() * s.tokens;
+  if (s.batch == 0 || rows == 0) return cudaSuccess;
+  const int64_t x_blocks = args.splits * ((rows + Tr::kRows - 1) / Tr::kRows);
+  if (x_blocks > 0x7fffffff || s.num_kv_heads > 65535 || s.batch > 65535) return cudaErrorInvalidConfiguration;
+  const cudaError_t attr =
+      SetDynamicSmemOnce(reinterpret_cast<const void*>(&PagedDecodeKernel<T, kHeadDim>), Tr::kSmemBytes);
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid(static_cast<unsigned>(x_blocks), static_cast<unsigned>(s.num_kv_heads),
+                  static_cast<unsigned>(s.batch));
+  PagedDecodeKernel<T, kHeadDim><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args);
+  return cudaGetLastError();
+}
+
+#define JAX_OPS_INSTANTIATE_KV_DECODE(T, D) template cudaError_t LaunchDecode<T, D>(cudaStream_t, const DecodeArgs&);
+JAX_OPS_INSTANTIATE_KV_DECODE(__half, 64)
+JAX_OPS_INSTANTIATE_KV_DECODE(__half, 128)
+JAX_OPS_INSTANTIATE_KV_DECODE(__half, 256)
+JAX_OPS_INSTANTIATE_KV_DECODE(__nv_bfloat16, 64)
+JAX_OPS_INSTANTIATE_KV_DECODE(__nv_bfloat16, 128)
+JAX_OPS_INSTANTIATE_KV_DECODE(__nv_bfloat16, 256)
+
+}  // namespace jax_ops::kv_cache

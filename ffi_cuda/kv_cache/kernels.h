@@ -1,0 +1,47 @@
+// Launchers of the kv_cache CUDA kernels (kernels.cu), called by the handlers in kv_cache_cuda.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kv_cache/params.h"
+
+namespace jax_ops::kv_cache {
+
+// Device pointers and sizes of one append (contract in params.h); the pools are written in place.
+struct AppendArgs {
+  Shape shape;
+  int64_t elem_bytes = 0;
+  void* k_pages = nullptr;
+  void* v_pages = nullptr;
+  const int32_t* block_table = nullptr;
+  const int32_t* lengths = nullptr;
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  int32_t* lengths_out = nullptr;
+  int32_t* status = nullptr;
+};
+
+// Device pointers, sizes and attributes of one decode (contract in params.h).
+struct DecodeArgs {
+  Shape shape;
+  float scale = 1.f, softcap = 0.f;
+  int64_t splits = 1;
+  const void* q = nullptr;
+  const void* k_pages = nullptr;
+  const void* v_pages = nullptr;
+  const int32_t* block_table = nullptr;
+  const int32_t* lengths = nullptr;
+  void* o = nullptr;           // splits == 1
+  float* o_parts = nullptr;    // splits > 1
+  float* lse_parts = nullptr;  // splits > 1
+};
+
+cudaError_t LaunchAppend(cudaStream_t stream, const AppendArgs& args);
+
+// T: __half or __nv_bfloat16; kHeadDim one of kCudaDecodeHeadDims.
+template <typename T, int kHeadDim>
+cudaError_t LaunchDecode(cudaStream_t stream, const DecodeArgs& args);
+
+}  // namespace jax_ops::kv_cache

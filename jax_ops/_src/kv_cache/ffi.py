@@ -1,0 +1,68 @@
+"""The raw FFI calls of the kv_cache targets (contract: ffi_cuda/kv_cache/params.h)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_ops import _ffi
+from jax_ops._src.attention.merge import merge_by_lse
+from jax_ops._src.kv_cache.cache import PagedKVCache
+
+
+def append_ffi(cache: PagedKVCache, k_new: jax.Array, v_new: jax.Array) -> tuple[PagedKVCache, jax.Array]:
+    """``k_new``/``v_new [B, T, Hkv, D]`` written in place into the pools (aliased: donate the cache under jit,
+    else XLA copies the pools first); returns the cache and the status ``[B]`` int32."""
+    B = cache.batch
+    shapes = (
+        jax.ShapeDtypeStruct(cache.k_pages.shape, cache.k_pages.dtype),
+        jax.ShapeDtypeStruct(cache.v_pages.shape, cache.v_pages.dtype),
+        jax.ShapeDtypeStruct((B,), jnp.int32),
+        jax.ShapeDtypeStruct((B,), jnp.int32),
+    )
+    k_pages, v_pages, lengths, status = _ffi.ffi_call(
+        "jax_ops_kv_cache_append",
+        shapes,
+        cache.k_pages,
+        cache.v_pages,
+        cache.block_table,
+        cache.lengths,
+        k_new,
+        v_new,
+        input_output_aliases={0: 0, 1: 1},
+        vmap_method="sequential",
+    )
+    new = PagedKVCache(k_pages=k_pages, v_pages=v_pages, block_table=cache.block_table, lengths=lengths)
+    return new, status
+
+
+def decode_ffi(
+    q: jax.Array, cache: PagedKVCache, *, scale: float, softcap: float | None, splits: int
+) -> jax.Array:
+    """Paged decode of ``q [B, T, Hq, D]``: one kernel launch, plus the log-sum-exp merge when ``splits > 1``."""
+    B, T, Hq, D = q.shape
+    f32 = jnp.float32
+    split = splits > 1
+    shapes = (
+        jax.ShapeDtypeStruct((0,) if split else q.shape, q.dtype),
+        jax.ShapeDtypeStruct((splits, B, T, Hq, D) if split else (0,), f32),
+        jax.ShapeDtypeStruct((splits, B, T, Hq) if split else (0,), f32),
+    )
+    o, o_parts, lse_parts = _ffi.ffi_call(
+        "jax_ops_kv_cache_decode",
+        shapes,
+        q,
+        cache.k_pages,
+        cache.v_pages,
+        cache.block_table,
+        cache.lengths,
+        scale=np.float32(scale),
+        softcap=np.float32(softcap or 0.0),
+        splits=int(splits),
+        vmap_method="sequential",
+    )
+    if not split:
+        return o
+    merged, _ = merge_by_lse(o_parts, lse_parts, axis=0)
+    return merged.astype(q.dtype)

@@ -1,0 +1,48 @@
+"""Which paged-decode path runs and how many key splits it uses: every rule here, its reason in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jax_ops import _ffi
+from jax_ops._src import dispatch
+from jax_ops._src.kv_cache.config import KNOBS
+
+# Split-KV: split each request's keys while (16-row query blocks x kv heads x requests) CTAs would fill less than
+# SPLIT_TARGET_CTAS (two 2-CTA waves on a 132-SM H200), keeping >= SPLIT_MIN_KEYS of the table's capacity per split
+# (smaller splits cost more in the merge than they gain). The CPU twin runs one split unless forced.
+SPLIT_TARGET_CTAS = 528
+SPLIT_MIN_KEYS = 256
+MAX_SPLITS = 64
+
+
+def splits(batch: int, num_kv_heads: int, packed_rows: int, capacity: int) -> int:
+    """The split count of one decode: the ``splits`` knob when set, else the rule above (GPU only)."""
+    forced = KNOBS.splits
+    if forced is not None:
+        if int(forced) < 1:
+            raise ValueError(f"kv_cache splits override must be >= 1, got {forced!r}")
+        return int(forced)
+    if dispatch.platform() != "gpu":
+        return 1
+    ctas = batch * num_kv_heads * -(-packed_rows // 16)
+    want = -(-SPLIT_TARGET_CTAS // max(ctas, 1))
+    return int(max(1, min(want, capacity // SPLIT_MIN_KEYS, MAX_SPLITS)))
+
+
+def decode_unsupported(dtype, head_dim: int) -> str | None:
+    """Why our decode kernel cannot run these inputs on this platform (None when it can)."""
+    if "jax_ops_kv_cache_decode" not in _ffi.target_names("cpu"):
+        return "this build has no kv_cache targets"
+    if dispatch.platform() != "gpu":
+        return None  # the CPU twin runs every dtype and head dim
+    if not _ffi.has_cuda_build():
+        return "this build has no CUDA kernels"
+    consts = _ffi.constants()
+    if np.dtype(dtype).name not in consts["kv_cache_cuda_dtypes"]:
+        return (
+            f"the CUDA paged decode reads {consts['kv_cache_cuda_dtypes']} pages, not {np.dtype(dtype).name}"
+        )
+    if head_dim not in consts["kv_cache_cuda_decode_head_dims"]:
+        return f"the CUDA paged decode supports head dims {consts['kv_cache_cuda_decode_head_dims']}, not {head_dim}"
+    return None
