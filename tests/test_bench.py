@@ -46,6 +46,35 @@ def test_bench_lsmr_products_rows(tmp_path):
     assert all(r["time_us"] > 0 and "plan_t" in r["note"] for r in rows)
 
 
+def test_bench_decode_rows(tmp_path):
+    """The decode suite on the CPU (tiny float32 cases): every paged and contiguous path timed and matching the
+    fp32 reference, Pallas checked in interpret mode, cuDNN skipped, append bit-equal to the scatter pair."""
+    out = tmp_path / "decode.json"
+    assert main(["decode", "--quick", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    decode = [r for r in rows if not r["case"].startswith("append")]
+    append = [r for r in rows if r["case"].startswith("append")]
+    cases = {r["case"] for r in decode}
+    assert len(cases) == 2 and any(c.endswith("ragged") for c in cases)
+    timed = {"jax_ops paged", "jax_ops paged xla", "xla contiguous", "jax_ops contiguous"}
+    for case in cases:
+        by_impl = {r["impl"]: r for r in decode if r["case"] == case}
+        assert set(by_impl) == timed | {"pallas paged", "cudnn contiguous"}
+        for impl in timed:
+            r = by_impl[impl]
+            assert r["time_us"] > 0 and r["TBps"] > 0 and r["frac_copy"] > 0, r
+            assert r["rel_l2_err"] < 1e-5, r
+            assert "note" not in r, r  # a paged row's note would say its temp holds a gathered cache
+        pallas = by_impl["pallas paged"]
+        assert pallas["time_us"] is None and "interpret" in pallas["note"] and pallas["rel_l2_err"] < 1e-5
+        assert by_impl["cudnn contiguous"]["time_us"] is None
+    assert {(r["case"].split()[1], r["impl"]) for r in append} == {
+        (t, impl) for t in ("T=1", "T=16") for impl in ("jax_ops append", "xla scatter pair")
+    }
+    for r in append:
+        assert r["time_us"] > 0 and r["max_abs_err"] == 0 and r["vs_xla"] > 0 and "note" not in r, r
+
+
 def _sparse_like_rows():
     rows = []
     for case in ("uniform 20k 16/row", "power-law 20k", "bundle-adj 5k obs"):

@@ -23,6 +23,7 @@ from jax_ops.bench.harness import (
 # suite name -> module with run(ctx)
 SUITES = {
     "attention": "jax_ops.bench.attention",
+    "decode": "jax_ops.bench.decode",
     "gemm": "jax_ops.bench.gemm",
     "lsmr": "jax_ops.bench.lsmr",
     "lsmr_kernels": "jax_ops.bench.lsmr_kernels",

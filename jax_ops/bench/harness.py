@@ -29,16 +29,25 @@ def time_loop(
     min_seconds: float = 0.05,
     repeats: int = 5,
     max_iters: int = 1 << 16,
+    donate_carry: bool = False,
 ) -> float:
     """Median seconds per ``carry = step(carry, *operands)`` measured inside one jitted loop.
 
     ``step`` must make each call depend on the previous one through ``carry`` so XLA cannot hoist it. The trip
     count is static: XLA then runs the loop without reading the loop predicate back to the host every iteration
     (a dynamic ``fori_loop`` costs a device-to-host sync per iteration, which would swamp calls of a few µs).
+    ``donate_carry`` donates the carry to each run (an in-place update such as a cache append then copies nothing
+    at the loop's entry); the ``carry`` passed in is consumed.
     """
     return statistics.median(
         time_loop_samples(
-            step, carry, *operands, min_seconds=min_seconds, repeats=repeats, max_iters=max_iters
+            step,
+            carry,
+            *operands,
+            min_seconds=min_seconds,
+            repeats=repeats,
+            max_iters=max_iters,
+            donate_carry=donate_carry,
         )
     )
 
@@ -50,10 +59,11 @@ def time_loop_samples(
     min_seconds: float = 0.05,
     repeats: int = 5,
     max_iters: int = 1 << 16,
+    donate_carry: bool = False,
 ) -> list[float]:
     """``time_loop``'s ``repeats`` runs (seconds per call each), for a median and its spread."""
 
-    @functools.partial(jax.jit, static_argnums=0)
+    @functools.partial(jax.jit, static_argnums=0, donate_argnums=(1,) if donate_carry else ())
     def run(k, carry, *ops):
         return jax.lax.fori_loop(0, k, lambda i, c: step(c, *ops), carry)
 
@@ -89,10 +99,13 @@ def time_call(fn: Callable[[], Any], *, min_seconds: float = 0.05, repeats: int 
     return statistics.median(times)
 
 
-def compiled_temp_bytes(fn: Callable[..., Any], *args: Any) -> int | None:
-    """Temp memory XLA reserves for ``jit(fn)(*args)`` (compiled memory analysis), None when unavailable."""
+def compiled_temp_bytes(
+    fn: Callable[..., Any], *args: Any, donate_argnums: tuple[int, ...] = ()
+) -> int | None:
+    """Temp memory XLA reserves for ``jit(fn, donate_argnums=...)(*args)`` (compiled memory analysis), None when
+    unavailable."""
     try:
-        analysis = jax.jit(fn).lower(*args).compile().memory_analysis()
+        analysis = jax.jit(fn, donate_argnums=donate_argnums).lower(*args).compile().memory_analysis()
         return int(analysis.temp_size_in_bytes) if analysis is not None else None
     except Exception:  # noqa: BLE001 - some backends have no memory analysis
         return None
