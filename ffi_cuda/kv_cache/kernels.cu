@@ -144,20 +144,39 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2) PagedDeco
   const T* k_pages = static_cast<const T*>(a.k_pages);
   const T* v_pages = static_cast<const T*>(a.v_pages);
   const int32_t* table = a.block_table + b * s.max_pages;
-  // Issues the cp.async loads of key tile `tile` into ring stage `stage` (rows past hi zero-filled, never read).
+  // Each thread copies one 16-byte chunk column of kRowsPerThread rows of every tile. Key positions fit in int32
+  // (the handler checks the capacity); the page of a row is a shift when the page size is a power of two.
+  constexpr int kRowStep = Tr::kThreads / Tr::kChunks, kRowsPerThread = kKeys / kRowStep;
+  const int my_chunk = tid % Tr::kChunks, my_row = tid / Tr::kChunks;
+  const int32_t lo32 = static_cast<int32_t>(lo), hi32 = static_cast<int32_t>(hi);
+  const int32_t page_size = static_cast<int32_t>(s.page_size), page_mask = page_size - 1;
+  const int32_t max_page = static_cast<int32_t>(s.num_pages - 1);
+  auto slot_of = [&](int32_t key) { return a.page_shift >= 0 ? key >> a.page_shift : key / page_size; };
+  auto row_of = [&](int32_t key) { return a.page_shift >= 0 ? key & page_mask : key % page_size; };
+  // The page ids of this thread's rows of the next tile to load, read one tile ahead so that the table's latency
+  // hides behind a tile of compute.
+  int32_t next_pages[kRowsPerThread];
+  auto fetch_pages = [&](int tile) {
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      const int32_t key = lo32 + tile * kKeys + my_row + j * kRowStep;
+      next_pages[j] = key < hi32 ? __ldg(table + slot_of(key)) : 0;
+    }
+  };
+  // Issues the cp.async loads of key tile `tile` (pages from fetch_pages(tile)) into ring stage `stage`; rows past
+  // hi are zero-filled, never read.
   auto load_tile = [&](int tile, int stage) {
     T* sK = ring + 2 * stage * Tr::kTileElems;
     T* sV = sK + Tr::kTileElems;
-    const int64_t s0 = lo + int64_t{tile} * kKeys;
-    for (int idx = tid; idx < kKeys * Tr::kChunks; idx += Tr::kThreads) {
-      const int r = idx / Tr::kChunks, c = idx % Tr::kChunks;
-      const int64_t key = s0 + r;
-      const bool valid = key < hi;
-      int64_t page = valid ? table[key / s.page_size] : 0;
-      page = min(max(page, int64_t{0}), s.num_pages - 1);
-      const int64_t off = s.PageOffset(page, valid ? key % s.page_size : 0, kvh) + c * 8;
-      CpAsync16(sK + Swz<kP>(r, c), k_pages + off, valid);
-      CpAsync16(sV + Swz<kP>(r, c), v_pages + off, valid);
+#pragma unroll
+    for (int j = 0; j < kRowsPerThread; ++j) {
+      const int r = my_row + j * kRowStep;
+      const int32_t key = lo32 + tile * kKeys + r;
+      const bool valid = key < hi32;
+      const int32_t page = min(max(next_pages[j], 0), max_page);
+      const int64_t off = s.PageOffset(page, valid ? row_of(key) : 0, kvh) + my_chunk * 8;
+      CpAsync16(sK + Swz<kP>(r, my_chunk), k_pages + off, valid);
+      CpAsync16(sV + Swz<kP>(r, my_chunk), v_pages + off, valid);
     }
   };
 
@@ -180,9 +199,13 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2) PagedDeco
     }
 #pragma unroll
     for (int st = 0; st < kStages - 1; ++st) {
-      if (st < n_tiles) load_tile(st, st);
+      if (st < n_tiles) {
+        fetch_pages(st);
+        load_tile(st, st);
+      }
       CpAsyncCommit();
     }
+    fetch_pages(kStages - 1);
 
     uint32_t q_frag[Tr::kQInRegs ? Tr::kKS : 1][4];
     const bool capped = a.softcap > 0.f;
@@ -190,7 +213,10 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2) PagedDeco
     for (int tile = 0; tile < n_tiles; ++tile) {
       CpAsyncWait<kStages - 2>();
       __syncthreads();  // tile `tile` visible; every warp is done with the stage the next load overwrites
-      if (tile + kStages - 1 < n_tiles) load_tile(tile + kStages - 1, (tile + kStages - 1) % kStages);
+      if (tile + kStages - 1 < n_tiles) {
+        load_tile(tile + kStages - 1, (tile + kStages - 1) % kStages);
+        fetch_pages(tile + kStages);
+      }
       CpAsyncCommit();
       if constexpr (Tr::kQInRegs) {
         if (tile == 0) {

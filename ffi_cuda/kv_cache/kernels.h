@@ -28,6 +28,7 @@ struct DecodeArgs {
   Shape shape;
   float scale = 1.f, softcap = 0.f;
   int64_t splits = 1;
+  int page_shift = -1;  // log2(page_size) when it is a power of two, else -1
   const void* q = nullptr;
   const void* k_pages = nullptr;
   const void* v_pages = nullptr;

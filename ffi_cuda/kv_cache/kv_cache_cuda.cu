@@ -59,8 +59,12 @@ ffi::Error DecodeHeadDim(cudaStream_t stream, const DecodeArgs& a) {
 ffi::Error DecodeCuda(cudaStream_t stream, JAX_OPS_KV_DECODE_PARAMS) {
   Shape s;
   JAX_OPS_RETURN_IF_ERROR(CheckDecode(q, k_pages, v_pages, block_table, lengths, splits, *o, *o_parts, *lse_parts, s));
+  JAX_OPS_CHECK_ARG(s.capacity() + kSplitKeyAlign < (int64_t{1} << 31),
+                    "the CUDA paged decode indexes keys in int32: max_pages * page_size = " << s.capacity());
   DecodeArgs a;
   a.shape = s;
+  if ((s.page_size & (s.page_size - 1)) == 0)
+    while ((int64_t{1} << (a.page_shift + 1)) <= s.page_size) ++a.page_shift;
   a.scale = scale;
   a.softcap = softcap;
   a.splits = splits;
