@@ -9,10 +9,10 @@ from jax_ops import _ffi
 from jax_ops._src import dispatch
 from jax_ops._src.kv_cache.config import KNOBS
 
-# Split-KV: split each request's keys so that (16-row query blocks x kv heads x requests x splits) CTAs fill about
-# two waves of CTAS_PER_SM per SM (whole waves: no half-empty tail wave), keeping >= SPLIT_MIN_KEYS of the table's
-# capacity per split (smaller splits cost more in the merge than they gain). The CPU twin runs one split unless
-# forced.
+# Split-KV: split each request's keys so that (16-row query blocks x kv heads x requests x splits) CTAs fill one
+# wave of CTAS_PER_SM per SM (all resident at once: no tail wave, one ramp), keeping >= SPLIT_MIN_KEYS of the
+# table's capacity per split (smaller splits cost more in the merge than they gain). The CPU twin runs one split
+# unless forced.
 CTAS_PER_SM = 2  # the decode kernel's occupancy (kernels.cu __launch_bounds__)
 SPLIT_MIN_KEYS = 256
 MAX_SPLITS = 64
@@ -37,7 +37,7 @@ def splits(batch: int, num_kv_heads: int, packed_rows: int, capacity: int) -> in
     if dispatch.platform() != "gpu":
         return 1
     ctas = batch * num_kv_heads * -(-packed_rows // 16)
-    want = 2 * CTAS_PER_SM * _sm_count() // max(ctas, 1)
+    want = CTAS_PER_SM * _sm_count() // max(ctas, 1)
     return int(max(1, min(want, capacity // SPLIT_MIN_KEYS, MAX_SPLITS)))
 
 
