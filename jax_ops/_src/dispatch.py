@@ -21,6 +21,21 @@ def check_implementation(implementation: str | None) -> None:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
 
 
+DEFAULT_SM_COUNT = 132  # H100/H200 SXM: what the launch-shape rules assume when no GPU is visible
+
+
+def sm_count() -> int:
+    """Streaming multiprocessors of the first visible GPU (DEFAULT_SM_COUNT when there is none)."""
+    try:
+        for d in jax.devices():
+            count = getattr(d, "core_count", None)
+            if d.platform == "gpu" and count:
+                return int(count)
+    except RuntimeError:
+        pass
+    return DEFAULT_SM_COUNT
+
+
 def platform() -> str:
     """The platform traced code runs on: "gpu" or "cpu" (JAX's default backend)."""
     return "gpu" if jax.default_backend() in ("gpu", "cuda", "rocm") else "cpu"

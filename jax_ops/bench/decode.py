@@ -25,8 +25,9 @@ Append rows (B=8 and, full run, B=64 at L=4k): ``kv_cache.append`` of one token 
 ``[B, 16, Hkv, D]`` (``jax_ops append``, ``implementation=None``) vs the pair of ``.at[].set`` scatters (``xla
 scatter pair``, ``implementation="xla"``), the cache donated and carried through the loop; each trip appends
 APPENDS_PER_TRIP times in a row at successive positions (as a model's layers do in one step, so the loop's own
-cost is amortised; ``time_us`` is per append) and then resets the lengths, so each trip writes the same slots; ``TBps`` is bytes written / time, ``vs_xla`` the scatter pair's
-time / this row's, ``max_abs_err`` compares the written tokens read back and both pools with the scatter pair's.
+cost is amortised; ``time_us`` is per append) and then resets the lengths, so each trip writes the same slots;
+``TBps`` is bytes written / time, ``vs_xla`` the scatter pair's time / this row's, ``max_abs_err`` compares the
+written tokens read back and both pools with the scatter pair's.
 
 On a CPU: tiny float32 cases; no cuDNN; the Pallas kernel (Triton) runs once in interpret mode for its error only.
 """

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 
 from jax_ops import _ffi
@@ -16,15 +15,6 @@ from jax_ops._src.kv_cache.config import KNOBS
 CTAS_PER_SM = 2  # the decode kernel's occupancy (kernels.cu __launch_bounds__)
 SPLIT_MIN_KEYS = 256
 MAX_SPLITS = 64
-_DEFAULT_SMS = 132
-
-
-def _sm_count() -> int:
-    for d in jax.devices():
-        count = getattr(d, "core_count", None)
-        if d.platform == "gpu" and count:
-            return int(count)
-    return _DEFAULT_SMS
 
 
 def splits(batch: int, num_kv_heads: int, packed_rows: int, capacity: int) -> int:
@@ -37,7 +27,7 @@ def splits(batch: int, num_kv_heads: int, packed_rows: int, capacity: int) -> in
     if dispatch.platform() != "gpu":
         return 1
     ctas = batch * num_kv_heads * -(-packed_rows // 16)
-    want = CTAS_PER_SM * _sm_count() // max(ctas, 1)
+    want = CTAS_PER_SM * dispatch.sm_count() // max(ctas, 1)
     return int(max(1, min(want, capacity // SPLIT_MIN_KEYS, MAX_SPLITS)))
 
 

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jax_ops._src import dispatch
 from jax_ops._src.sparse.config import native, slab_smem_bytes
 from jax_ops._src.sparse.formats import _int32_max, _is_concrete, _row_ids
 from jax_ops._src.sparse.plan import _L1_BYTES, _vector_group
@@ -21,7 +22,6 @@ from jax_ops._src.sparse.plan import _L1_BYTES, _vector_group
 # stages u[slab] in shared memory and gathers from there; pass 2 sums the per-(slab, row) partials in slab order.
 # Built once (on device, with a stable sort) when the CSRPair is built and the predicate (slab_model) says it pays.
 # Only f32/f64 (half types keep CSR(Aᵀ)); only N = 1 products (rmatvec, rmatvec_axpby; vmap folds into SpMM).
-_DEFAULT_SMS = 132  # H100/H200 SXM, used when no GPU is visible (CPU builds, traced tests)
 _HBM_BPS, _L2_BPS, _SECTORS_PER_S = 3.5e12, 8e12, 140e9  # H200, measured (docs/design/sparse.md)
 
 
@@ -45,17 +45,6 @@ def _slabs_fit_device() -> bool:
     except RuntimeError:
         pass
     return True
-
-
-def _sm_count() -> int:
-    try:
-        for d in jax.devices():
-            cc = getattr(d, "core_count", None)
-            if d.platform == "gpu" and cc:
-                return int(cc)
-    except RuntimeError:
-        pass
-    return _DEFAULT_SMS
 
 
 def slab_shape(cols: int, itemsize: int) -> tuple[int, int]:
@@ -91,7 +80,7 @@ def slab_model(rows: int, cols: int, nnz: int, itemsize: int, items: int | None 
       CSR  = max(bytes / HBM, nnz / (random L2 sectors per second)),
     with HBM 3.5 TB/s, L2 8 TB/s and 140 G sectors/s measured on the H200. ``items``: CTAs of one wave
     (SMs * 2)."""
-    items = _sm_count() * native().slab_ctas_per_sm if items is None else items
+    items = dispatch.sm_count() * native().slab_ctas_per_sm if items is None else items
     w, j = slab_shape(cols, itemsize)
     cells = j * rows
     per = nnz / cells if cells else 0.0
@@ -192,7 +181,7 @@ def _slab_work_static(rows: int, j: int, items: int) -> np.ndarray:
 def _build_slabs(indptr, indices, values, m: int, k: int, items: int | None = None) -> Slabs:
     """Slabs of Aᵀ for the CSR(A) (m x k, monotone indptr) a CSRPair holds."""
     itemsize = np.dtype(values.dtype).itemsize
-    items = _sm_count() * native().slab_ctas_per_sm if items is None else items
+    items = dispatch.sm_count() * native().slab_ctas_per_sm if items is None else items
     w, j = slab_shape(m, itemsize)
     if j * k + 1 > _int32_max():
         raise ValueError(
