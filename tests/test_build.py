@@ -125,6 +125,7 @@ def test_tools_cmake_names_the_harnesses():
         "sparse_spmv_bench": "sparse_spmv_bench.cu",
         "lsmr_bench": "lsmr_bench.cu",
         "gemm_bench": "gemm_bench.cu",
+        "kv_cache_bench": "kv_cache_bench.cu",
     }
     assert all((FFI / "tools" / src).exists() for src in tools.values())
     # .ci/gpu builds them from the same CMake build (no nvcc line of its own).
