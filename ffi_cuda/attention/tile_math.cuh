@@ -13,10 +13,17 @@
 namespace jax_ops::attention {
 namespace {
 
-// Element index of (row, 16-byte chunk) in a swizzled tile.
-template <int kPitch>
+// Element index of (row, 16-byte chunk) in a swizzled tile: rows of kPitch elements, each chunk's low 3 bits
+// XORed with the row's (conflict-free ldmatrix). With kPanelRows > 0 the tile is kept as panels of 64 columns,
+// each kPanelRows rows of 128 bytes: the layout a 128B-swizzled TMA box of 64 columns writes.
+template <int kPitch, int kPanelRows = 0>
 __device__ __forceinline__ int Swz(int row, int chunk) {
-  return row * kPitch + (((chunk & ~7) | ((chunk ^ row) & 7)) << 3);
+  if constexpr (kPanelRows > 0) {
+    static_assert(kPitch == 64, "a panel row is 64 elements");
+    return ((chunk >> 3) * kPanelRows + row) * 64 + (((chunk ^ row) & 7) << 3);
+  } else {
+    return row * kPitch + (((chunk & ~7) | ((chunk ^ row) & 7)) << 3);
+  }
 }
 
 __device__ __forceinline__ int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -45,7 +52,7 @@ __device__ __forceinline__ void LoadTile(T* smem, const T* g, int64_t stride, in
 // A warp's acc (16 rows x kDT n8 tiles, fp32) += X Y: X a 16 x (8 * kNT) fp32 mma accumulator (kNT n8 tiles),
 // packed to T in place as the A operands of kNT / 2 k16 steps; Y the first 8 * kNT rows (k) of a row-major
 // swizzled tile, read as transposed B operands. P V in the forward pass, dS K for dQ in the backward one.
-template <int kPitch, typename T, int kNT, int kDT>
+template <int kPitch, int kPanelRows = 0, typename T, int kNT, int kDT>
 __device__ __forceinline__ void MmaAccTile(float (&acc)[kDT][4], const float (&x)[kNT][4], const T* tile, int lane) {
 #pragma unroll
   for (int ks = 0; ks < kNT / 2; ++ks) {
@@ -54,8 +61,8 @@ __device__ __forceinline__ void MmaAccTile(float (&acc)[kDT][4], const float (&x
 #pragma unroll
     for (int dt2 = 0; dt2 < kDT / 2; ++dt2) {
       uint32_t b[4];
-      sm80::LdMatrixX4Trans(b,
-                            tile + Swz<kPitch>(ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dt2 * 2 + (lane >> 4)));
+      sm80::LdMatrixX4Trans(
+          b, tile + Swz<kPitch, kPanelRows>(ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dt2 * 2 + (lane >> 4)));
       sm80::Mma<T>::Run(acc[2 * dt2], a, b[0], b[1]);
       sm80::Mma<T>::Run(acc[2 * dt2 + 1], a, b[2], b[3]);
     }

@@ -6,8 +6,11 @@
 //
 // Decode: CTA = (16 packed query rows, one split, one kv head, one request). The G query heads of the kv head
 // and the T query tokens are packed as rows t * G + g of one mma tile (GQA by index mapping: K/V are read once
-// per group). Key tiles of 64 rows stream through a cp.async ring; each row's address is translated through the
-// block table inside the kernel (the page id read once per key row, no gathered copy). Each of the 4 warps runs
+// per group). Key tiles of 64 rows stream through a ring of shared-memory stages, translated through the block
+// table inside the kernel (no gathered copy), loaded one of two ways (DecodeLoad): by cp.async, every thread
+// copying 16-byte chunks of its rows (the page id read once per key row), or by the TMA engine, one box per page
+// and 64 columns (page size a power of two >= 8, sm_90a; one thread issues a tile, the page ids read once per
+// page). Each of the 4 warps runs
 // the attention family's online softmax over its 16 keys of every tile; the warps' states merge through shared
 // memory at the end, and splits > 1 write normalised partial outputs with their log-sum-exp for the Python merge.
 #include <cuda_bf16.h>
@@ -19,6 +22,8 @@
 #include "arch/sm80/cp_async.cuh"
 #include "arch/sm80/ldmatrix.cuh"
 #include "arch/sm80/mma.cuh"
+#include "arch/sm90/mbarrier.cuh"
+#include "arch/sm90/tma.cuh"
 #include "attention/tile_math.cuh"
 #include "common/cuda_helpers.h"
 #include "kv_cache/kernels.h"
@@ -29,6 +34,7 @@ namespace {
 using attention::EndRow, attention::MmaAccTile, attention::OnlineSoftmaxStep, attention::QuadSum, attention::RowEnd,
     attention::Swz;
 using sm80::CpAsync16, sm80::CpAsyncCommit, sm80::CpAsyncWait, sm80::LdMatrixX4, sm80::Mma;
+using sm90::FenceBarrierInit, sm90::MbarArriveExpectTx, sm90::MbarInit, sm90::MbarWait, sm90::TmaLoad4d;
 
 // ---------------------------------------------------------------- append
 
@@ -88,6 +94,14 @@ cudaError_t LaunchAppendVec(cudaStream_t stream, const AppendArgs& a) {
 
 // ---------------------------------------------------------------- decode
 
+constexpr int kMinTmaPage = 8;  // a smaller TMA box would break the 1024-byte swizzle period of a panel
+
+// TMA tensor maps of the K and V pools, [P, page, Hkv, D] seen as [batch, rows, heads, D]: box = 64 columns x
+// one head x min(page, 64) rows x one page.
+struct PageMaps {
+  CUtensorMap k, v;
+};
+
 template <int kHeadDim>
 struct DecodeTraits {
   static constexpr int kWarps = 4;
@@ -95,31 +109,43 @@ struct DecodeTraits {
   static constexpr int kRows = 16;           // packed query rows per CTA: one mma row tile
   static constexpr int kKeys = 16 * kWarps;  // keys per tile, 16 per warp
   static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
-  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a head row
-  static constexpr int kPitch = (kHeadDim + 63) / 64 * 64;
-  static constexpr int kKS = kHeadDim / 16;  // k-steps of Q K^T
-  static constexpr int kDT = kHeadDim / 8;   // n8 tiles of O
+  static constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks of a head row
+  static constexpr int kPanels = kHeadDim / 64;  // 64-column panels of a tile on the TMA path
+  static constexpr int kKS = kHeadDim / 16;      // k-steps of Q K^T
+  static constexpr int kDT = kHeadDim / 8;       // n8 tiles of O
   static constexpr bool kQInRegs = kHeadDim <= 128;
-  static constexpr int kQBytes = kRows * kPitch * 2;
-  static constexpr int kTileElems = kKeys * kPitch;
+  static constexpr int kMaxBoxes = kKeys / kMinTmaPage;  // TMA boxes (pages) of a key tile, at most
+  static constexpr int kQBytes = kRows * kHeadDim * 2;
+  static constexpr int kTileElems = kKeys * kHeadDim;
   static constexpr int kStageBytes = 2 * kTileElems * 2;  // K and V tiles
   static constexpr int kMergePitch = kHeadDim + 4;        // floats: rows of the warps' O in the merge
   static constexpr int kMergeBytes = kWarps * kRows * (kMergePitch + 2) * 4;
-  static constexpr int kSmemBytes = kQBytes + kStages * kStageBytes;
+  static constexpr int kRingEnd = kQBytes + kStages * kStageBytes;  // then one mbarrier per stage
+  // + 1 KB to align the base: the TMA's 128-byte swizzle repeats every 1024 bytes of shared address.
+  static constexpr int kSmemBytes = kRingEnd + kStages * 8 + 1024;
+  static_assert(kHeadDim % 64 == 0, "tiles are whole 64-column panels");
   static_assert(kKeys == kSplitKeyAlign, "a split is a whole number of key tiles");
-  static_assert(kMergeBytes <= kSmemBytes, "the merge reuses the tile ring");
+  static_assert(kMergeBytes <= kRingEnd, "the merge reuses the tile ring");
 };
 
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2) PagedDecodeKernel(const DecodeArgs a) {
+// kTma: the TMA load path (maps used); else cp.async (maps unused).
+template <typename T, int kHeadDim, bool kTma>
+__global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2)
+    PagedDecodeKernel(const DecodeArgs a, const __grid_constant__ PageMaps maps) {
   using Tr = DecodeTraits<kHeadDim>;
-  constexpr int kP = Tr::kPitch, kKeys = Tr::kKeys, kStages = Tr::kStages;
+  constexpr int kKeys = Tr::kKeys, kStages = Tr::kStages;
+  // Tile layouts (Swz<kPitch, panel rows>): 64-column panels on the TMA path (what a 128B-swizzled box writes),
+  // whole swizzled rows on the cp.async one.
+  constexpr int kPitch = kTma ? 64 : kHeadDim, kKeyPanel = kTma ? kKeys : 0, kQPanel = kTma ? Tr::kRows : 0;
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
   const Shape& s = a.shape;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  T* sQ = reinterpret_cast<T*>(smem_raw);
-  T* ring = reinterpret_cast<T*>(smem_raw + Tr::kQBytes);  // stage i: K at 2i tiles, V at 2i + 1
+  unsigned char* smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* ring = reinterpret_cast<T*>(smem + Tr::kQBytes);                 // stage i: K at 2i tiles, V at 2i + 1
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Tr::kRingEnd);  // TMA path: stage i's loads landed
 
   const int64_t group = s.group(), packed_rows = group * s.tokens;
   const int64_t row_blocks = (packed_rows + Tr::kRows - 1) / Tr::kRows;
@@ -175,8 +201,39 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2) PagedDeco
       const bool valid = key < hi32;
       const int32_t page = min(max(next_pages[j], 0), max_page);
       const int64_t off = s.PageOffset(page, valid ? row_of(key) : 0, kvh) + my_chunk * 8;
-      CpAsync16(sK + Swz<kP>(r, my_chunk), k_pages + off, valid);
-      CpAsync16(sV + Swz<kP>(r, my_chunk), v_pages + off, valid);
+      CpAsync16(sK + Swz<kPitch, kKeyPanel>(r, my_chunk), k_pages + off, valid);
+      CpAsync16(sV + Swz<kPitch, kKeyPanel>(r, my_chunk), v_pages + off, valid);
+    }
+  };
+  // TMA path: thread 0 reads the page ids of the next tile's boxes (one per page, or one per 64 rows of a larger
+  // page) a tile ahead, and issues a tile as one mbarrier transaction; boxes past hi are not loaded.
+  const int box_rows = min(page_size, kKeys), boxes = kKeys / box_rows;
+  int32_t next_box_pages[kTma ? Tr::kMaxBoxes : 1];
+  auto fetch_box_pages = [&](int tile) {
+#pragma unroll
+    for (int j = 0; j < (kTma ? Tr::kMaxBoxes : 1); ++j) {
+      const int32_t key = lo32 + tile * kKeys + j * box_rows;
+      next_box_pages[j] = j < boxes && key < hi32 ? __ldg(table + slot_of(key)) : 0;
+    }
+  };
+  auto load_tile_tma = [&](int tile, int stage) {
+    T* sK = ring + 2 * stage * Tr::kTileElems;
+    T* sV = sK + Tr::kTileElems;
+    const int32_t key0 = lo32 + tile * kKeys;
+    const int valid_boxes = min(boxes, (hi32 - key0 + box_rows - 1) / box_rows);
+    MbarArriveExpectTx(full + stage, static_cast<uint32_t>(valid_boxes * box_rows * kHeadDim * 2 * 2));
+#pragma unroll
+    for (int j = 0; j < (kTma ? Tr::kMaxBoxes : 1); ++j) {
+      if (j < valid_boxes) {
+        const int page = min(max(next_box_pages[j], 0), max_page);
+        const int row = row_of(key0 + j * box_rows);
+#pragma unroll
+        for (int p = 0; p < Tr::kPanels; ++p) {
+          const int dst = (p * kKeys + j * box_rows) * 64;
+          TmaLoad4d(sK + dst, &maps.k, full + stage, p * 64, static_cast<int>(kvh), row, page);
+          TmaLoad4d(sV + dst, &maps.v, full + stage, p * 64, static_cast<int>(kvh), row, page);
+        }
+      }
     }
   };
 
@@ -194,37 +251,81 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2) PagedDeco
       const int64_t pr = rb * Tr::kRows + r;
       const bool valid = pr < packed_rows;
       const int64_t t = valid ? pr / group : 0, g = valid ? pr % group : 0;
-      CpAsync16(sQ + Swz<kP>(r, c), q + ((b * s.tokens + t) * s.num_q_heads + kvh * group + g) * kHeadDim + c * 8,
-                valid);
+      CpAsync16(sQ + Swz<kPitch, kQPanel>(r, c),
+                q + ((b * s.tokens + t) * s.num_q_heads + kvh * group + g) * kHeadDim + c * 8, valid);
     }
+    if constexpr (kTma) {
+      if (tid == 0) {
+        sm90::PrefetchTensorMap(&maps.k);
+        sm90::PrefetchTensorMap(&maps.v);
 #pragma unroll
-    for (int st = 0; st < kStages - 1; ++st) {
-      if (st < n_tiles) {
-        fetch_pages(st);
-        load_tile(st, st);
+        for (int st = 0; st < kStages; ++st) MbarInit(full + st, 1);
+        FenceBarrierInit();
+      }
+      __syncthreads();  // the barriers are initialised before anyone waits on them
+      if (tid == 0) {
+#pragma unroll
+        for (int st = 0; st < kStages - 1; ++st) {
+          if (st < n_tiles) {
+            fetch_box_pages(st);
+            load_tile_tma(st, st);
+          }
+        }
+        fetch_box_pages(kStages - 1);
       }
       CpAsyncCommit();
+      CpAsyncWait<0>();  // Q (the loop's first barrier publishes it)
+    } else {
+#pragma unroll
+      for (int st = 0; st < kStages - 1; ++st) {
+        if (st < n_tiles) {
+          fetch_pages(st);
+          load_tile(st, st);
+        }
+        CpAsyncCommit();
+      }
+      fetch_pages(kStages - 1);
     }
-    fetch_pages(kStages - 1);
 
     uint32_t q_frag[Tr::kQInRegs ? Tr::kKS : 1][4];
     const bool capped = a.softcap > 0.f;
     const float scale_log2 = a.scale * kLog2e;
     for (int tile = 0; tile < n_tiles; ++tile) {
-      CpAsyncWait<kStages - 2>();
-      __syncthreads();  // tile `tile` visible; every warp is done with the stage the next load overwrites
-      if (tile + kStages - 1 < n_tiles) {
-        load_tile(tile + kStages - 1, (tile + kStages - 1) % kStages);
-        fetch_pages(tile + kStages);
+      const int stage = tile % kStages;
+      if constexpr (kTma) {
+        __syncthreads();  // every warp is done with the stage the next load overwrites
+        if (tid == 0 && tile + kStages - 1 < n_tiles) {
+          load_tile_tma(tile + kStages - 1, (tile + kStages - 1) % kStages);
+          fetch_box_pages(tile + kStages);
+        }
+        MbarWait(full + stage, (tile / kStages) & 1);
+        const int32_t rows_left = hi32 - (lo32 + tile * kKeys);
+        if (rows_left < kKeys) {  // the last tile: V rows past hi hold another page's rows or nothing; zero them
+          T* sV = ring + (2 * stage + 1) * Tr::kTileElems;
+          const int zero_rows = kKeys - rows_left;
+          for (int i = tid; i < zero_rows * Tr::kChunks; i += Tr::kThreads) {
+            const int r = rows_left + i / Tr::kChunks, c = i % Tr::kChunks;
+            *reinterpret_cast<uint4*>(sV + Swz<kPitch, kKeyPanel>(r, c)) = make_uint4(0, 0, 0, 0);
+          }
+          __syncthreads();
+        }
+      } else {
+        CpAsyncWait<kStages - 2>();
+        __syncthreads();  // tile `tile` visible; every warp is done with the stage the next load overwrites
+        if (tile + kStages - 1 < n_tiles) {
+          load_tile(tile + kStages - 1, (tile + kStages - 1) % kStages);
+          fetch_pages(tile + kStages);
+        }
+        CpAsyncCommit();
       }
-      CpAsyncCommit();
       if constexpr (Tr::kQInRegs) {
         if (tile == 0) {
 #pragma unroll
-          for (int ks = 0; ks < Tr::kKS; ++ks) LdMatrixX4(q_frag[ks], sQ + Swz<kP>(lane & 15, ks * 2 + (lane >> 4)));
+          for (int ks = 0; ks < Tr::kKS; ++ks)
+            LdMatrixX4(q_frag[ks], sQ + Swz<kPitch, kQPanel>(lane & 15, ks * 2 + (lane >> 4)));
         }
       }
-      const T* sK = ring + 2 * (tile % kStages) * Tr::kTileElems + warp * 16 * kP;
+      const T* sK = ring + 2 * stage * Tr::kTileElems + warp * 16 * kPitch;
       const T* sV = sK + Tr::kTileElems;
 
       // S = Q K^T: the 16 packed rows x this warp's 16 keys of the tile.
@@ -236,10 +337,10 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2) PagedDeco
 #pragma unroll
           for (int i = 0; i < 4; ++i) qa[i] = q_frag[ks][i];
         } else {
-          LdMatrixX4(qa, sQ + Swz<kP>(lane & 15, ks * 2 + (lane >> 4)));
+          LdMatrixX4(qa, sQ + Swz<kPitch, kQPanel>(lane & 15, ks * 2 + (lane >> 4)));
         }
         uint32_t bk[4];
-        LdMatrixX4(bk, sK + Swz<kP>((lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
+        LdMatrixX4(bk, sK + Swz<kPitch, kKeyPanel>((lane & 7) + ((lane >> 4) << 3), ks * 2 + ((lane >> 3) & 1)));
         Mma<T>::Run(sc[0], qa, bk[0], bk[1]);
         Mma<T>::Run(sc[1], qa, bk[2], bk[3]);
       }
@@ -265,14 +366,14 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2) PagedDeco
         acc_o[dt][2] *= corr[1];
         acc_o[dt][3] *= corr[1];
       }
-      MmaAccTile<kP>(acc_o, sc, sV, lane);
+      MmaAccTile<kPitch, kKeyPanel>(acc_o, sc, sV, lane);
     }
-    CpAsyncWait<0>();
+    if constexpr (!kTma) CpAsyncWait<0>();
   }
   __syncthreads();  // the ring is free: it holds the warps' states for the merge
 
   // Merge the 4 warps' (max, sum, O) per row through shared memory.
-  float* s_max = reinterpret_cast<float*>(smem_raw);
+  float* s_max = reinterpret_cast<float*>(smem);
   float* s_sum = s_max + Tr::kWarps * Tr::kRows;
   float* s_acc = s_sum + Tr::kWarps * Tr::kRows;  // [warp][row][kMergePitch]
 #pragma unroll
@@ -338,24 +439,59 @@ cudaError_t LaunchAppend(cudaStream_t stream, const AppendArgs& args) {
   return LaunchAppendVec<uint16_t>(stream, args);
 }
 
+namespace {
+
+// Whether the TMA load path applies (page size a power of two >= kMinTmaPage, a build with sm_90a code for this
+// device, maps the driver accepts); fills `maps` when it does.
 template <typename T, int kHeadDim>
-cudaError_t LaunchDecode(cudaStream_t stream, const DecodeArgs& args) {
+bool EncodePageMaps(const DecodeArgs& a, PageMaps& maps) {
+  const Shape& s = a.shape;
+  if (a.page_shift < 0 || s.page_size < kMinTmaPage) return false;
+  // A build without sm_90a machine code would run the kernel's empty TMA primitives.
+  static const int binary_version = [] {
+    cudaFuncAttributes attr{};
+    return cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(&PagedDecodeKernel<T, kHeadDim, true>)) ==
+                   cudaSuccess
+               ? attr.binaryVersion
+               : 0;
+  }();
+  if (binary_version != 90) return false;
+  const int box_rows = static_cast<int>(std::min<int64_t>(s.page_size, DecodeTraits<kHeadDim>::kKeys));
+  return sm90::EncodeMap<T>(&maps.k, a.k_pages, s.num_pages, s.page_size, s.num_kv_heads, kHeadDim, box_rows) &&
+         sm90::EncodeMap<T>(&maps.v, a.v_pages, s.num_pages, s.page_size, s.num_kv_heads, kHeadDim, box_rows);
+}
+
+template <typename T, int kHeadDim, bool kTma>
+cudaError_t LaunchDecodeKernel(cudaStream_t stream, const DecodeArgs& args, const PageMaps& maps, dim3 grid) {
+  using Tr = DecodeTraits<kHeadDim>;
+  const cudaError_t attr =
+      SetDynamicSmemOnce(reinterpret_cast<const void*>(&PagedDecodeKernel<T, kHeadDim, kTma>), Tr::kSmemBytes);
+  if (attr != cudaSuccess) return attr;
+  PagedDecodeKernel<T, kHeadDim, kTma><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args, maps);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+template <typename T, int kHeadDim>
+cudaError_t LaunchDecode(cudaStream_t stream, const DecodeArgs& args, DecodeLoad load) {
   using Tr = DecodeTraits<kHeadDim>;
   const Shape& s = args.shape;
   const int64_t rows = s.group() * s.tokens;
   if (s.batch == 0 || rows == 0) return cudaSuccess;
   const int64_t x_blocks = args.splits * ((rows + Tr::kRows - 1) / Tr::kRows);
   if (x_blocks > 0x7fffffff || s.num_kv_heads > 65535 || s.batch > 65535) return cudaErrorInvalidConfiguration;
-  const cudaError_t attr =
-      SetDynamicSmemOnce(reinterpret_cast<const void*>(&PagedDecodeKernel<T, kHeadDim>), Tr::kSmemBytes);
-  if (attr != cudaSuccess) return attr;
   const dim3 grid(static_cast<unsigned>(x_blocks), static_cast<unsigned>(s.num_kv_heads),
                   static_cast<unsigned>(s.batch));
-  PagedDecodeKernel<T, kHeadDim><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args);
-  return cudaGetLastError();
+  PageMaps maps{};
+  const bool tma = load == DecodeLoad::kTma && EncodePageMaps<T, kHeadDim>(args, maps);
+  if (load == DecodeLoad::kTma && !tma) return cudaErrorNotSupported;
+  return tma ? LaunchDecodeKernel<T, kHeadDim, true>(stream, args, maps, grid)
+             : LaunchDecodeKernel<T, kHeadDim, false>(stream, args, maps, grid);
 }
 
-#define JAX_OPS_INSTANTIATE_KV_DECODE(T, D) template cudaError_t LaunchDecode<T, D>(cudaStream_t, const DecodeArgs&);
+#define JAX_OPS_INSTANTIATE_KV_DECODE(T, D) \
+  template cudaError_t LaunchDecode<T, D>(cudaStream_t, const DecodeArgs&, DecodeLoad);
 JAX_OPS_INSTANTIATE_KV_DECODE(__half, 64)
 JAX_OPS_INSTANTIATE_KV_DECODE(__half, 128)
 JAX_OPS_INSTANTIATE_KV_DECODE(__half, 256)

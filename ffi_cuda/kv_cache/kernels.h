@@ -41,8 +41,13 @@ struct DecodeArgs {
 
 cudaError_t LaunchAppend(cudaStream_t stream, const AppendArgs& args);
 
+// How the decode kernel loads its key tiles. kAuto is cp.async: the TMA path (page size a power of two >= 8,
+// sm_90a) runs only where asked, in the standalone tool, until it is checked on a GPU (docs/kv_cache.md). kTma
+// where it does not apply returns cudaErrorNotSupported and launches nothing.
+enum class DecodeLoad { kAuto, kCpAsync, kTma };
+
 // T: __half or __nv_bfloat16; kHeadDim one of kCudaDecodeHeadDims.
 template <typename T, int kHeadDim>
-cudaError_t LaunchDecode(cudaStream_t stream, const DecodeArgs& args);
+cudaError_t LaunchDecode(cudaStream_t stream, const DecodeArgs& args, DecodeLoad load = DecodeLoad::kAuto);
 
 }  // namespace jax_ops::kv_cache

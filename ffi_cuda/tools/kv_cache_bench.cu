@@ -1,6 +1,9 @@
-// Standalone check of the kv_cache kernels (no Python) for compute-sanitizer: `kv_cache_bench small` appends
-// into shuffled pages and decodes (fp16, D 64 and 128, page sizes 16 and 5, GQA 4, one token and chunks of 3,
-// one split and three, lengths 0 / 1 / ragged) against a float64 host reference, poisoning every output first.
+// Standalone check and timing of the kv_cache kernels (no Python).
+//   kv_cache_bench small: for compute-sanitizer, appends into shuffled pages and decodes (fp16, D 64 and 128,
+//     page sizes 16, 64 and 5, both load paths where they apply, GQA 4, one token and chunks of 3, one split and
+//     three, lengths 0 / 1 / ragged) against a float64 host reference, poisoning every output first.
+//   kv_cache_bench speed: the decode kernel alone (no merge) at B 8, Hq 32, Hkv 8, D 128, fp16, page 16, shuffled
+//     pages, L 1k / 8k / 32k, for each load path and split count: µs and K+V bytes read per second.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -41,7 +44,10 @@ std::vector<__half> RandomHalves(size_t n, std::mt19937& rng) {
 
 struct Case {
   int64_t head_dim, page_size, tokens, splits;
+  DecodeLoad load;
 };
+
+const char* LoadName(DecodeLoad load) { return load == DecodeLoad::kTma ? "tma" : "cp.async"; }
 
 // Appends `tokens` per request, then decodes those chunks; returns the number of failed checks.
 template <int kHeadDim>
@@ -98,7 +104,7 @@ int RunCase(const Case& c, std::mt19937& rng) {
     dp.o_parts = ToDevice(std::vector<float>(c.splits * out, NAN));
     dp.lse_parts = ToDevice(std::vector<float>(c.splits * B * T * Hq, NAN));
   }
-  CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp)));
+  CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp, c.load)));
   CHECK(cudaDeviceSynchronize());
   std::vector<double> got(out);
   if (c.splits == 1) {
@@ -150,29 +156,85 @@ int RunCase(const Case& c, std::mt19937& rng) {
       }
     }
   }
-  std::printf("D=%lld page=%lld T=%lld splits=%lld: max abs err %.2e, %d failures\n", (long long)D,
-              (long long)c.page_size, (long long)T, (long long)c.splits, max_err, failures);
+  std::printf("D=%lld page=%lld T=%lld splits=%lld %s: max abs err %.2e, %d failures\n", (long long)D,
+              (long long)c.page_size, (long long)T, (long long)c.splits, LoadName(c.load), max_err, failures);
   for (void* p : {ap.k_pages, ap.v_pages, (void*)ap.block_table, (void*)ap.lengths, (void*)ap.k_new, (void*)ap.v_new,
                   (void*)ap.lengths_out, (void*)ap.status, (void*)dp.q, dp.o, (void*)dp.o_parts, (void*)dp.lse_parts})
     if (p) CHECK(cudaFree(p));
   return failures;
 }
 
+int Small() {
+  std::mt19937 rng(1234);
+  int failures = 0;
+  for (int64_t page : {16, 64, 5})
+    for (DecodeLoad load : {DecodeLoad::kCpAsync, DecodeLoad::kTma}) {
+      if (load == DecodeLoad::kTma && page == 5) continue;  // TMA boxes need a power-of-two page >= 8
+      for (int64_t tokens : {1, 3})
+        for (int64_t splits : {1, 3}) {
+          failures += RunCase<64>({64, page, tokens, splits, load}, rng);
+          failures += RunCase<128>({128, page, tokens, splits, load}, rng);
+        }
+    }
+  std::printf(failures ? "FAILED\n" : "all checks passed\n");
+  return failures;
+}
+
+// Times the decode kernel (no merge) on the issue's serving shape for both load paths and several split counts.
+int Speed() {
+  constexpr int kHeadDim = 128, kReps = 50;
+  std::mt19937 rng(7);
+  for (int64_t length : {1024, 8192, 32768}) {
+    Shape s;
+    s.batch = 8, s.num_kv_heads = 8, s.num_q_heads = 32, s.head_dim = kHeadDim, s.page_size = 16, s.tokens = 1;
+    s.max_pages = length / s.page_size, s.num_pages = s.batch * s.max_pages, s.dtype = xla::ffi::DataType::F16;
+    std::vector<int32_t> table(s.batch * s.max_pages);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+    std::shuffle(table.begin(), table.end(), rng);
+    const size_t pool = s.num_pages * s.page_size * s.num_kv_heads * kHeadDim;
+    DecodeArgs dp;
+    dp.shape = s, dp.scale = 0.088f, dp.page_shift = 4;
+    dp.q = ToDevice(RandomHalves(s.batch * s.num_q_heads * kHeadDim, rng));
+    void* pools[2];
+    for (void*& p : pools) {  // every element 0x3c3c (1.06): the values do not change the kernel's speed
+      CHECK(cudaMalloc(&p, pool * sizeof(__half)));
+      CHECK(cudaMemset(p, 0x3c, pool * sizeof(__half)));
+    }
+    dp.k_pages = pools[0], dp.v_pages = pools[1];
+    dp.block_table = ToDevice(table), dp.lengths = ToDevice(std::vector<int32_t>(s.batch, length));
+    dp.o = ToDevice(std::vector<__half>(s.batch * s.num_q_heads * kHeadDim));
+    dp.o_parts = ToDevice(std::vector<float>(16 * s.batch * s.num_q_heads * kHeadDim));
+    dp.lse_parts = ToDevice(std::vector<float>(16 * s.batch * s.num_q_heads));
+    const double bytes = 2.0 * pool * sizeof(__half);
+    cudaEvent_t start, stop;
+    CHECK(cudaEventCreate(&start));
+    CHECK(cudaEventCreate(&stop));
+    for (DecodeLoad load : {DecodeLoad::kCpAsync, DecodeLoad::kTma})
+      for (int64_t splits : {1, 2, 4, 8, 16}) {
+        dp.splits = splits;
+        for (int i = 0; i < 3; ++i) CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp, load)));
+        CHECK(cudaEventRecord(start));
+        for (int i = 0; i < kReps; ++i) CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp, load)));
+        CHECK(cudaEventRecord(stop));
+        CHECK(cudaEventSynchronize(stop));
+        float ms = 0;
+        CHECK(cudaEventElapsedTime(&ms, start, stop));
+        const double us = 1e3 * ms / kReps;
+        std::printf("L=%6lld %-8s splits=%2lld: %8.1f us  %.2f TB/s\n", (long long)length, LoadName(load),
+                    (long long)splits, us, bytes / us * 1e-6);
+      }
+    for (const void* p : {dp.q, dp.k_pages, dp.v_pages, (const void*)dp.block_table, (const void*)dp.lengths,
+                          (const void*)dp.o, (const void*)dp.o_parts, (const void*)dp.lse_parts})
+      CHECK(cudaFree(const_cast<void*>(p)));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || std::strcmp(argv[1], "small") != 0) {
-    std::printf("usage: %s small\n", argv[0]);
-    return 2;
-  }
-  std::mt19937 rng(1234);
-  int failures = 0;
-  for (int64_t page : {16, 5})
-    for (int64_t tokens : {1, 3})
-      for (int64_t splits : {1, 3}) {
-        failures += RunCase<64>({64, page, tokens, splits}, rng);
-        failures += RunCase<128>({128, page, tokens, splits}, rng);
-      }
-  std::printf(failures ? "FAILED\n" : "all checks passed\n");
-  return failures ? 1 : 0;
+  if (argc >= 2 && std::strcmp(argv[1], "small") == 0) return Small() ? 1 : 0;
+  if (argc >= 2 && std::strcmp(argv[1], "speed") == 0) return Speed();
+  std::printf("usage: %s small|speed\n", argv[0]);
+  return 2;
 }
