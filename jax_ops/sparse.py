@@ -36,13 +36,13 @@ rejected.
 Partitioning: row-independent. Under ``jax.shard_map`` shard the dense operand over N (columns) and replicate
 the matrix: each shard runs SpMM on its local columns with no communication.
 
-Knobs (``with overrides(...)``): ``slab_smem_bytes`` (the slab width budget) and ``block_probe`` (docs/sparse.md).
+Knobs (``with overrides(...)``): ``slab_smem_bytes`` (the slab width budget; docs/sparse.md).
 """
 
 from __future__ import annotations
 
 from jax_ops._src.sparse.api import matmul, profile_of, spmm, spmv, to_csr
-from jax_ops._src.sparse.blocks import BlockPlan, Blocks, block_rows_host
+from jax_ops._src.sparse.blocks import BlockPlan, Blocks, block_rows
 from jax_ops._src.sparse.config import overrides
 from jax_ops._src.sparse.csr_pair import CSRPair, csr_pair
 from jax_ops._src.sparse.formats import RowProfile
@@ -74,7 +74,7 @@ __all__ = [
     "SlabModel",
     "SlabPlan",
     "Slabs",
-    "block_rows_host",
+    "block_rows",
     "choose_algorithm",
     "csr_pair",
     "cusparse_applicable",

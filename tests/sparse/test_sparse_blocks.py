@@ -16,6 +16,8 @@ from helpers import rel_err as _rel
 from jax.experimental import sparse as jsparse
 
 from jax_ops import _ffi, sparse
+from jax_ops._src.sparse import blocks as sparse_blocks
+from jax_ops._src.sparse import plan as sparse_plan
 from jax_ops.bench.sparse import gen_bundle_adjustment
 
 TOL = {np.float16: 3e-3, jnp.bfloat16: 2e-2, np.float32: 1e-5, np.float64: 1e-12}
@@ -51,38 +53,73 @@ def _runs_blocks(f, *args) -> bool:
 
 def test_block_rows_detection():
     a = _bundle()
-    assert sparse.block_rows_host(a.indptr, a.indices) == 2
+    assert sparse.block_rows(a.indptr, a.indices) == 2
     at = a.T.tocsr()
     at.sort_indices()
-    assert sparse.block_rows_host(at.indptr, at.indices) == 3  # cameras (9 rows) and points (3 rows)
+    assert sparse.block_rows(at.indptr, at.indices) == 3  # cameras (9 rows) and points (3 rows)
     for r in (2, 3, 4):
         b = _blocked(50, 300, r, r)
-        assert sparse.block_rows_host(b.indptr, b.indices) == r
+        assert sparse.block_rows(b.indptr, b.indices) == r
     rnd = sp.random(60, 50, density=0.1, format="csr", random_state=0)
-    assert sparse.block_rows_host(rnd.indptr, rnd.indices) == 1
+    assert sparse.block_rows(rnd.indptr, rnd.indices) == 1
     b = _blocked(50, 300, 2, 5)
-    assert sparse.block_rows_host(b.indptr[:-1], b.indices[: b.indptr[-2]]) == 1  # 99 rows: no R divides
+    assert sparse.block_rows(b.indptr[:-1], b.indices[: b.indptr[-2]]) == 1  # 99 rows: no R divides
     # equal lengths, one column differs in one block
     idx = b.indices.copy()
     idx[b.indptr[41] + 1] = (idx[b.indptr[41] + 1] + 1) % 300
-    assert sparse.block_rows_host(b.indptr, idx) == 1
-    assert sparse.block_rows_host(np.zeros(1, np.int32), np.zeros(0, np.int32)) == 1
+    assert sparse.block_rows(b.indptr, idx) == 1
+    assert sparse.block_rows(np.zeros(1, np.int32), np.zeros(0, np.int32)) == 1
     # min_rows: only R >= min_rows is looked for (the auto rule passes 3)
-    assert sparse.block_rows_host(a.indptr, a.indices, 3) == 1
-    assert sparse.block_rows_host(at.indptr, at.indices, 3) == 3
-    assert sparse.block_rows_host(at.indptr, at.indices, 4) == 1
+    assert sparse.block_rows(a.indptr, a.indices, 3) == 1
+    assert sparse.block_rows(at.indptr, at.indices, 3) == 3
+    assert sparse.block_rows(at.indptr, at.indices, 4) == 1
 
 
-def test_block_rows_detection_past_the_probe():
-    """The first blocks are compared first (a quick reject); a mismatch after them still rejects R."""
-    with sparse.overrides(block_probe=8):
-        b = _blocked(50, 300, 4, 3)
-        assert sparse.block_rows_host(b.indptr, b.indices) == 4
-        for block in (2, 20, 49):  # inside the probe, after it, the last block
-            idx = b.indices.copy()
-            row = 4 * block + 3
-            idx[b.indptr[row]] = (idx[b.indptr[row]] + 1) % 300
-            assert sparse.block_rows_host(b.indptr, idx) == 1, block
+def test_block_rows_rejects_a_mismatch_in_any_block():
+    b = _blocked(50, 300, 4, 3)
+    assert sparse.block_rows(b.indptr, b.indices) == 4
+    for block in (0, 2, 20, 49):  # the first, early, middle and last blocks; the last row of each
+        idx = b.indices.copy()
+        row = 4 * block + 3
+        idx[b.indptr[row]] = (idx[b.indptr[row]] + 1) % 300
+        assert sparse.block_rows(b.indptr, idx) == 1, block
+    # padding past the rows (a padded BCOO's transpose) is not part of any block
+    padded = np.concatenate([b.indices, np.arange(7, dtype=b.indices.dtype)])
+    assert sparse.block_rows(b.indptr, padded) == 4
+
+
+def _blocks_reference(indptr, indices, values, r):
+    """The blocks form by loops: block b's columns are its first row's, row R b + i's values at R p + i."""
+    bptr, cols, vals = [0], [], []
+    for b in range((len(indptr) - 1) // r):
+        s, e = indptr[r * b], indptr[r * b + 1]
+        cols.extend(indices[s:e])
+        for p in range(e - s):
+            vals.extend(values[indptr[r * b + i] + p] for i in range(r))
+        bptr.append(bptr[-1] + e - s)
+    return np.asarray(bptr), np.asarray(cols), np.asarray(vals)
+
+
+@pytest.mark.parametrize("r", [2, 3, 4])
+def test_block_build_matches_a_loop_reference(r):
+    """The device-built form equals the loop reference bit for bit, with empty block rows, a leading offset in
+    indptr and padding entries after the rows."""
+    a = _blocked(64, 120, r, 20 + r, empty_every=6)
+    lead, tail = 5, 3
+    indptr = a.indptr.astype(np.int32) + lead
+    indices = np.concatenate([np.arange(lead), a.indices, np.arange(tail)]).astype(np.int32)
+    values = np.concatenate([np.full(lead, 9.0), a.data, np.full(tail, 9.0)]).astype(np.float32)
+    assert sparse.block_rows(indptr, indices) == r
+    form = sparse_blocks._build_blocks(jnp.asarray(indptr), jnp.asarray(indices), jnp.asarray(values), r)
+    bptr, cols, vals = _blocks_reference(indptr, indices, values, r)
+    np.testing.assert_array_equal(np.asarray(form.indptr), bptr)
+    np.testing.assert_array_equal(np.asarray(form.indices), cols)
+    np.testing.assert_array_equal(np.asarray(form.values), vals)
+    assert form.plan.rows == r and form.plan.block_rows == 64
+    table, seg_ptr, ctas = sparse_plan._segment_table(sparse.segments_host(bptr))
+    np.testing.assert_array_equal(np.asarray(form.seg_table), table)
+    np.testing.assert_array_equal(np.asarray(form.seg_ptr), seg_ptr)
+    assert form.plan.ctas == ctas
 
 
 def test_blocks_format(x64):

@@ -1,63 +1,77 @@
 """Row blocks: a matrix whose rows come in blocks of R sharing a column list, stored once per block ("R x 1 BSR",
-the csr_spmm contract's blocks plan in ffi_cuda/sparse/spmm_params.h), found on the host and built for N = 1
+the csr_spmm contract's blocks plan in ffi_cuda/sparse/spmm_params.h), found and built on the device for N = 1
 products."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from jax_ops._src.sparse.config import KNOBS, native
-from jax_ops._src.sparse.plan import DEFAULT_SEGMENT_ROWS, _segment_table, segments_host
+from jax_ops._src.sparse.config import native
+from jax_ops._src.sparse.plan import DEFAULT_SEGMENT_ROWS, _segment_table, chunk_bounds, segments_from_bounds
 
 # Rows that share a column list: in a bundle-adjustment Jacobian the 2 rows of an observation (A), a camera's 9
 # rows and a point's 3 (Aᵀ); in a PDE system with R unknowns per node, the node's R rows. The blocks form ("R x 1
 # BSR", the csr_spmm contract's blocks plan in ffi_cuda/sparse/spmm_params.h) stores the column list once per
 # block of R consecutive rows and the R values of a position side by side, so an N = 1 product reads 4 + 4/R index
-# bytes per entry instead of 8 and gathers the dense operand once per R entries. Found on the host (O(nnz) per R)
-# when a CSRPair is built from concrete arrays; N = 1 products use it, others the CSR arrays.
+# bytes per entry instead of 8 and gathers the dense operand once per R entries. Detected and built by device
+# passes over the entries (O(nnz) per candidate R) with one small read-back each, when a CSRPair is built from
+# concrete arrays; N = 1 products use it, others the CSR arrays.
 
 
-def _block_positions(ip: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
-    """(block indptr int64[M/R + 1], positions int64[P, R]): the CSR position of entry p of every block's row i,
-    for a monotone indptr whose rows come in blocks of R equal lengths."""
+def _owner(starts, n: int):
+    """For every position q in [0, n): the index of the last of the non-decreasing ``starts`` at or below q
+    (searchsorted(starts, q, "right") - 1 for q >= starts[0], by a scatter and a prefix sum: O(n), no search)."""
+    marks = jnp.zeros((n,), jnp.int32).at[starts[1:]].add(1, mode="drop")
+    return jnp.cumsum(marks, dtype=jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=(2,))
+def _blocks_match(indptr, indices, candidates: tuple[int, ...]):
+    """bool[len(candidates)]: for each R (each dividing M), whether rows R·b .. R·b + R - 1 have equal lengths
+    and the same columns in the same order for every block b (monotone indptr). The columns are compared only
+    where the lengths agree (a lax.cond: a matrix rejected by its lengths costs O(M))."""
+    ip = indptr.astype(jnp.int32)
     m = ip.shape[0] - 1
-    blen = np.diff(ip)[::r]
-    bptr = np.concatenate([[0], np.cumsum(blen)])
-    within = np.arange(int(bptr[-1])) - np.repeat(bptr[:-1], blen)
-    pos = np.stack([np.repeat(ip[i:m:r], blen) + within for i in range(r)], axis=1)
-    return bptr, pos
+    nnz = indices.shape[0]
+    lens = ip[1:] - ip[:-1]
 
+    def same_columns(r):
+        if nnz == 0:
+            return jnp.bool_(True)
+        pos = jnp.arange(nnz, dtype=jnp.int32)
+        row = _owner(ip[:m], nnz)
+        inside = (pos >= ip[0]) & (pos < ip[m])
+        # the same position in the block's first row
+        ref = jnp.clip(ip[row - row % r] + (pos - ip[row]), 0, nnz - 1)
+        return jnp.all(~inside | (indices == indices[ref]))
 
-def block_rows_host(indptr, indices, min_rows: int = 2) -> int:
-    """The largest R in [max(2, min_rows), the native max_block_rows (4)] such that rows R·b .. R·b + R - 1 hold the same column
-    list (same length, same columns in the same order) for every block b; 1 when no R does. Host (concrete
-    arrays)."""
-    ip = np.asarray(indptr, np.int64)
-    m = ip.shape[0] - 1
-    lens = np.diff(ip)
-    idx = None
-
-    def same_columns(ptr, r):
-        cols = idx[_block_positions(ptr, r)[1]]
-        return bool((cols == cols[:, :1]).all())
-
-    for r in range(native().max_block_rows, max(2, min_rows) - 1, -1):
-        if m <= 0 or m % r:
-            continue
+    found = []
+    for r in candidates:
         lr = lens.reshape(-1, r)
-        if not (lr == lr[:, :1]).all():
-            continue
-        idx = np.asarray(indices) if idx is None else idx
-        # the first blocks' column lists first: a matrix whose row lengths repeat but whose columns do not is rejected
-        # without a pass over all its entries
-        probe = min(m // r, KNOBS.block_probe) * r
-        if same_columns(ip[: probe + 1], r) and (probe == m or same_columns(ip, r)):
-            return r
-    return 1
+        found.append(
+            lax.cond(jnp.all(lr == lr[:, :1]), lambda r=r: same_columns(r), lambda: jnp.bool_(False))
+        )
+    return jnp.stack(found)
+
+
+def block_rows(indptr, indices, min_rows: int = 2) -> int:
+    """The largest R in [max(2, min_rows), the native max_block_rows (4)] such that rows R·b .. R·b + R - 1 hold the
+    same column list (same length, same columns in the same order) for every block b; 1 when no R does. One device
+    pass per candidate R and one read-back of a few bytes; ``indptr`` monotone."""
+    m = int(indptr.shape[0]) - 1
+    candidates = tuple(
+        r for r in range(native().max_block_rows, max(2, min_rows) - 1, -1) if m > 0 and m % r == 0
+    )
+    if not candidates:
+        return 1
+    found = jax.device_get(_blocks_match(jnp.asarray(indptr), jnp.asarray(indices), candidates))
+    return next((r for r, ok in zip(candidates, found.tolist()) if ok), 1)
 
 
 # The auto rule: the blocks form serves N = 1 products when R >= 3 (at R = 2 the CSR kernels are faster;
@@ -92,20 +106,36 @@ jax.tree_util.register_dataclass(
 )
 
 
+@functools.partial(jax.jit, static_argnums=(1,))
+def _block_indptr(indptr, r: int, bounds):
+    """The block indptr (block b's length is its first row's) and its values at ``bounds``."""
+    ip = indptr.astype(jnp.int32)
+    m = ip.shape[0] - 1
+    lengths = ip[1 : m + 1 : r] - ip[0:m:r]
+    bptr = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(lengths, dtype=jnp.int32)])
+    return bptr, bptr[bounds]
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5))
+def _block_gather(indptr, bptr, indices, values, r: int, entries: int):
+    """The blocks form's columns and values: row R b + i's value at position p of block b lands at R p + i."""
+    ip = indptr.astype(jnp.int32)
+    m = ip.shape[0] - 1
+    q = jnp.arange(entries, dtype=jnp.int32)
+    block = _owner(bptr[:-1], entries)
+    pos = ip[:-1].reshape(m // r, r)[block] + (q - bptr[block])[:, None]  # [entries, R] CSR positions
+    return indices[pos[:, 0]], values[pos.reshape(-1)]
+
+
 def _build_blocks(indptr, indices, values, r: int) -> Blocks:
-    """The blocks form with R rows per block of a concrete CSR (monotone indptr) whose rows come in such blocks
-    (block_rows_host). The values are gathered on the device from ``values`` (gradients flow through the build)."""
-    ip = np.asarray(indptr, np.int64)
-    bptr, pos = _block_positions(ip, r)
-    cols = np.asarray(indices)[pos[:, 0]]
-    vals = jnp.asarray(values)[jnp.asarray(pos.reshape(-1).astype(np.int32))]
-    table, seg_ptr, ctas = _segment_table(segments_host(bptr, DEFAULT_SEGMENT_ROWS))
-    plan = BlockPlan(r, (ip.shape[0] - 1) // r, ctas)
-    return Blocks(
-        jnp.asarray(bptr.astype(np.int32)),
-        jnp.asarray(cols),
-        vals,
-        jnp.asarray(table),
-        jnp.asarray(seg_ptr),
-        plan,
-    )
+    """The blocks form with R rows per block of a CSR (monotone indptr) whose rows come in such blocks
+    (block_rows), built on the device; the values are gathered from ``values`` (gradients flow through the
+    build). One read-back: the block indptr at the segment table's chunk bounds (the last is the entry count)."""
+    ip = jnp.asarray(indptr)
+    nb = (int(ip.shape[0]) - 1) // r
+    bounds = chunk_bounds(nb, DEFAULT_SEGMENT_ROWS)
+    bptr, bptr_at = _block_indptr(ip, r, jnp.asarray(bounds))
+    bptr_at = np.asarray(bptr_at, np.int64)
+    cols, vals = _block_gather(ip, bptr, jnp.asarray(indices), jnp.asarray(values), r, int(bptr_at[-1]))
+    table, seg_ptr, ctas = _segment_table(segments_from_bounds(bounds, bptr_at))
+    return Blocks(bptr, cols, vals, jnp.asarray(table), jnp.asarray(seg_ptr), BlockPlan(r, nb, ctas))

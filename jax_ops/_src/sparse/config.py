@@ -22,17 +22,11 @@ KNOBS = Knobs(
         doc="shared memory per slab CTA for u[slab], which sets the slab width (None: the native default, "
         "sparse_slab_smem_bytes; tests shrink it to get many narrow slabs)",
     ),
-    block_probe=Knob(
-        4096,
-        env="JAX_OPS_SPARSE_BLOCK_PROBE",
-        parse=int,
-        doc="blocks whose column lists block_rows_host compares before all of them (a quick reject)",
-    ),
 )
 
 
 def overrides(**values):
-    """Context manager overriding sparse knobs for a block (``with jax_ops.sparse.overrides(block_probe=8):``)."""
+    """Context manager overriding sparse knobs for a block (``with jax_ops.sparse.overrides(slab_smem_bytes=4096):``)."""
     return KNOBS.override(**values)
 
 

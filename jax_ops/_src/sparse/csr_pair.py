@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_ops._src import dispatch
-from jax_ops._src.sparse.blocks import _BLOCKS_MIN_ROWS, Blocks, _build_blocks, block_rows_host
+from jax_ops._src.sparse.blocks import _BLOCKS_MIN_ROWS, Blocks, _build_blocks, block_rows
 from jax_ops._src.sparse.formats import (
     RowProfile,
     _acc_dtype,
@@ -89,7 +89,7 @@ class CSRPair:
         ``split_chunk`` sets the nnz per work unit of the split algorithm. ``slabs``: build the column-slab
         form of Aᵀ used by N = 1 ``rmatvec`` (True), never (False), or when :func:`slab_model` says it pays
         for this shape (None; f32/f64 only). ``blocks``: build the row-block form of A and of Aᵀ where their rows
-        come in blocks sharing a column list (block_rows_host), used by N = 1 products instead of CSR and slabs:
+        come in blocks sharing a column list (block_rows), used by N = 1 products instead of CSR and slabs:
         wherever found (True), never (False), or for blocks of at least 3 rows (None, the measured rule; not for
         Aᵀ when slabs=True asks for slabs). Both need concrete arrays (outside jit); a traced build has neither."""
         dispatch.check_implementation(implementation)
@@ -126,7 +126,7 @@ class CSRPair:
         min_rows = 2 if blocks else _BLOCKS_MIN_ROWS
 
         def blocks_of(ip, idx, vals):
-            r = block_rows_host(ip, idx, min_rows) if blocks is not False and concrete and nnz > 0 else 1
+            r = block_rows(ip, idx, min_rows) if blocks is not False and concrete and nnz > 0 else 1
             return _build_blocks(ip, idx, vals, r) if r >= min_rows else None
 
         blocks_a = blocks_of(indptr, indices, values)

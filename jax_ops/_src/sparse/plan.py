@@ -112,13 +112,21 @@ def segments_host(indptr: np.ndarray, rows: int = DEFAULT_SEGMENT_ROWS) -> list[
     """Row classes of a concrete indptr: chunks of ``rows`` rows, each with G = _vector_group(chunk average),
     adjacent chunks with equal G merged. Returns [(row begin, row end, G)] covering [0, M) in order."""
     ip = np.asarray(indptr, np.int64)
-    m = ip.shape[0] - 1
-    if m <= 0:
+    bounds = chunk_bounds(ip.shape[0] - 1, rows)
+    return segments_from_bounds(bounds, ip[bounds])
+
+
+def chunk_bounds(m: int, rows: int = DEFAULT_SEGMENT_ROWS) -> np.ndarray:
+    """The row bounds of segments_host's chunks: 0, rows, 2 rows, ..., M (int64; [0] when M <= 0)."""
+    return np.append(np.arange(0, max(m, 0), max(1, int(rows)), dtype=np.int64), max(m, 0))
+
+
+def segments_from_bounds(bounds: np.ndarray, indptr_at: np.ndarray) -> list[tuple[int, int, int]]:
+    """segments_host from the indptr's values at chunk_bounds (all a device-resident indptr needs to send back)."""
+    if bounds.shape[0] < 2:
         return [(0, 0, 1)]
-    rows = max(1, int(rows))
-    starts = np.arange(0, m, rows)
-    ends = np.minimum(starts + rows, m)
-    avgs = (ip[ends] - ip[starts]) / (ends - starts)
+    starts, ends = bounds[:-1], bounds[1:]
+    avgs = (indptr_at[1:] - indptr_at[:-1]) / (ends - starts)
     segs: list[list[int]] = []
     for b, e, a in zip(starts.tolist(), ends.tolist(), avgs.tolist()):
         g = _vector_group(a)
