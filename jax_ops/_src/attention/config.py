@@ -44,6 +44,13 @@ KNOBS = Knobs(
         parse=_tristate,
         doc="CUDA: force the persistent Hopper forward on (True, env 1) or off (False, env 0); None: per shape",
     ),
+    jnp_block=Knob(
+        None,
+        env="JAX_OPS_ATTENTION_JNP_BLOCK",
+        parse=int,
+        doc="the jnp path in blocks of this many queries x keys (None: dense while its logits fit 64 MiB, "
+        "else blocks of 512)",
+    ),
     bwd_cluster=Knob(
         None,
         env="JAX_OPS_ATTENTION_BWD_CLUSTER",
@@ -55,5 +62,5 @@ KNOBS = Knobs(
 
 def overrides(**values):
     """Context manager overriding attention knobs (``kv_splits``, ``portable``, ``fwd_persistent``,
-    ``bwd_cluster``) for the calls traced inside it."""
+    ``bwd_cluster``, ``jnp_block``) for the calls traced inside it."""
     return KNOBS.override(**values)

@@ -12,6 +12,8 @@ import jax.numpy as jnp
 from jax_ops import _checks
 from jax_ops._src.attention import heuristics
 from jax_ops._src.attention.batching import bwd_op, fwd_op
+from jax_ops._src.attention.blocked import blocked_attention, dense_fits
+from jax_ops._src.attention.config import KNOBS
 from jax_ops._src.attention.ffi import fill, vary_like
 from jax_ops._src.attention.merge import merge_by_lse
 from jax_ops._src.attention.reference import dot_product_attention as reference_attention
@@ -73,7 +75,13 @@ def _attention_fwd(cfg: Config, q, k, v, bias, mask, qsl, kvsl):
 
 
 def reference_call(cfg: Config, q, k, v, bias, mask, qsl, kvsl, return_lse: bool):
-    """The reference on normalized inputs with cfg's static semantics: ``(o, lse)``, or ``o`` alone."""
+    """The jnp path on normalized inputs with cfg's static semantics: ``(o, lse)``, or ``o`` alone. The dense
+    reference when its [B, N, T, S] logits fit (blocked.dense_fits), else the same semantics in blocks
+    (blocked.py; the ``jnp_block`` knob forces the blocks and their size)."""
+    block = KNOBS.jnp_block
+    if block is not None or not dense_fits(q.shape, k.shape[1], q.dtype.itemsize):
+        kw = {} if block is None else {"block": block}
+        return blocked_attention(cfg, q, k, v, bias, mask, qsl, kvsl, return_lse=return_lse, **kw)
     window = (cfg.window_left, cfg.window_right)
     return reference_attention(
         q,
