@@ -12,7 +12,8 @@
 // and 64 columns (page size a power of two >= 8, sm_90a; one thread issues a tile, the page ids read once per
 // page). Each of the 4 warps runs
 // the attention family's online softmax over its 16 keys of every tile; the warps' states merge through shared
-// memory at the end, and splits > 1 write normalised partial outputs with their log-sum-exp for the Python merge.
+// memory at the end, and splits > 1 write normalised partial outputs with their log-sum-exp for the Python merge,
+// or (merge_in_cluster) run as one cluster per row block and merge through distributed shared memory.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -22,6 +23,8 @@
 #include "arch/sm80/cp_async.cuh"
 #include "arch/sm80/ldmatrix.cuh"
 #include "arch/sm80/mma.cuh"
+#include "arch/sm80/smem.cuh"
+#include "arch/sm90/cluster.cuh"
 #include "arch/sm90/mbarrier.cuh"
 #include "arch/sm90/tma.cuh"
 #include "attention/tile_math.cuh"
@@ -126,6 +129,8 @@ struct DecodeTraits {
   static_assert(kHeadDim % 64 == 0, "tiles are whole 64-column panels");
   static_assert(kKeys == kSplitKeyAlign, "a split is a whole number of key tiles");
   static_assert(kMergeBytes <= kRingEnd, "the merge reuses the tile ring");
+  static constexpr int kSlotPitch = kHeadDim + 4;  // floats: a split's output row in the cluster merge
+  static_assert(kMaxClusterSplits * kRows * (kSlotPitch + 1) * 4 <= kRingEnd, "the cluster merge reuses the ring");
 };
 
 // kTma: the TMA load path (maps used); else cp.async (maps unused).
@@ -149,7 +154,9 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2)
 
   const int64_t group = s.group(), packed_rows = group * s.tokens;
   const int64_t row_blocks = (packed_rows + Tr::kRows - 1) / Tr::kRows;
-  const int64_t split = blockIdx.x / row_blocks, rb = blockIdx.x % row_blocks;
+  // A cluster merge needs a row block's splits adjacent in x (one cluster, rank = split).
+  const int64_t split = a.merge_in_cluster ? blockIdx.x % a.splits : blockIdx.x / row_blocks;
+  const int64_t rb = a.merge_in_cluster ? blockIdx.x / a.splits : blockIdx.x % row_blocks;
   const int64_t kvh = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
 
@@ -392,9 +399,11 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2)
   __syncthreads();
 
   constexpr int kRowThreads = Tr::kThreads / Tr::kRows;  // 8 threads per output row, 4 columns each per step
+  constexpr int kColSteps = kHeadDim / (4 * kRowThreads);
   const int r = tid / kRowThreads, col0 = (tid % kRowThreads) * 4;
   const int64_t pr = rb * Tr::kRows + r;
-  if (pr >= packed_rows) return;
+  const bool row_valid = pr < packed_rows;
+  if (!row_valid && !a.merge_in_cluster) return;  // (a cluster merge needs every thread at its barriers)
   float top = -INFINITY;
 #pragma unroll
   for (int w = 0; w < Tr::kWarps; ++w) top = fmaxf(top, s_max[w * Tr::kRows + r]);
@@ -406,26 +415,79 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2)
     total += weight[w] * s_sum[w * Tr::kRows + r];
   }
   const RowEnd end = EndRow(total);
-  const int64_t t = pr / group, hq = kvh * group + pr % group;
-  const int64_t row = (b * s.tokens + t) * s.num_q_heads + hq;  // [B, T, Hq] row index
-  const int64_t rows_total = s.batch * s.tokens * s.num_q_heads;
-  for (int c = col0; c < kHeadDim; c += 4 * kRowThreads) {
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 v[kColSteps];
+#pragma unroll
+  for (int j = 0; j < kColSteps; ++j) {
+    const int c = col0 + j * 4 * kRowThreads;
+    float4 x4 = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int w = 0; w < Tr::kWarps; ++w) {
       const float4 x = *reinterpret_cast<const float4*>(s_acc + (w * Tr::kRows + r) * Tr::kMergePitch + c);
-      v.x += weight[w] * x.x, v.y += weight[w] * x.y, v.z += weight[w] * x.z, v.w += weight[w] * x.w;
+      x4.x += weight[w] * x.x, x4.y += weight[w] * x.y, x4.z += weight[w] * x.z, x4.w += weight[w] * x.w;
     }
-    v = make_float4(end.Out(v.x), end.Out(v.y), end.Out(v.z), end.Out(v.w));
-    if (a.splits == 1) {
-      uint2 packed = make_uint2(Mma<T>::Pack(v.x, v.y), Mma<T>::Pack(v.z, v.w));
-      *reinterpret_cast<uint2*>(static_cast<T*>(a.o) + row * kHeadDim + c) = packed;
-    } else {
-      *reinterpret_cast<float4*>(a.o_parts + (split * rows_total + row) * kHeadDim + c) = v;
-    }
+    v[j] = make_float4(end.Out(x4.x), end.Out(x4.y), end.Out(x4.z), end.Out(x4.w));
   }
-  if (a.splits > 1 && tid % kRowThreads == 0)
-    a.lse_parts[split * rows_total + row] = end.empty ? -INFINITY : (top + log2f(total)) * kLn2;
+  const int64_t t = pr / group, hq = kvh * group + pr % group;
+  const int64_t row = (b * s.tokens + t) * s.num_q_heads + hq;  // [B, T, Hq] row index
+  T* o = static_cast<T*>(a.o) + row * kHeadDim;
+  auto store_o = [&](int j, float4 x) {
+    *reinterpret_cast<uint2*>(o + col0 + j * 4 * kRowThreads) =
+        make_uint2(Mma<T>::Pack(x.x, x.y), Mma<T>::Pack(x.z, x.w));
+  };
+  if (!a.merge_in_cluster) {
+    const int64_t rows_total = s.batch * s.tokens * s.num_q_heads;
+#pragma unroll
+    for (int j = 0; j < kColSteps; ++j) {
+      if (a.splits == 1)
+        store_o(j, v[j]);
+      else
+        *reinterpret_cast<float4*>(a.o_parts + (split * rows_total + row) * kHeadDim + col0 + j * 4 * kRowThreads) =
+            v[j];
+    }
+    if (a.splits > 1 && tid % kRowThreads == 0)
+      a.lse_parts[split * rows_total + row] = end.empty ? -INFINITY : (top + log2f(total)) * kLn2;
+    return;
+  }
+
+  // The cluster merge: every split pushes its rows' normalised O and log2-sum-exp into the leader's (split 0's)
+  // shared memory, which merges them in split order as merge_by_lse does (empty splits weigh 0, NaN stays NaN).
+  float* slot_o = reinterpret_cast<float*>(smem);                             // [split][row][kSlotPitch]
+  float* slot_lse = slot_o + kMaxClusterSplits * Tr::kRows * Tr::kSlotPitch;  // [split][row]
+  sm90::ClusterArrive();
+  sm90::ClusterWait();  // every CTA of the cluster is done with its own shared memory
+  const uint32_t leader_o = sm90::MapSharedRank(sm80::SmemAddr(slot_o), 0);
+  const uint32_t leader_lse = sm90::MapSharedRank(sm80::SmemAddr(slot_lse), 0);
+  const int slot_row = static_cast<int>(split) * Tr::kRows + r;
+#pragma unroll
+  for (int j = 0; j < kColSteps; ++j)
+    sm90::StSharedClusterV4(leader_o + 4 * (slot_row * Tr::kSlotPitch + col0 + j * 4 * kRowThreads), v[j]);
+  if (tid % kRowThreads == 0)
+    sm90::StSharedClusterF32(leader_lse + 4 * slot_row, end.empty ? -INFINITY : top + log2f(total));
+  sm90::ClusterArrive();
+  sm90::ClusterWait();  // the leader holds every split's rows
+  if (split != 0 || !row_valid) return;
+  float best = -INFINITY;
+  bool nan = false;
+  for (int sp = 0; sp < a.splits; ++sp) {
+    const float x = slot_lse[sp * Tr::kRows + r];
+    nan = nan || x != x;
+    best = fmaxf(best, x);
+  }
+  const float shift = best == -INFINITY ? 0.f : best;
+  float weights_total = 0.f;
+  for (int sp = 0; sp < a.splits; ++sp) weights_total += exp2f(slot_lse[sp * Tr::kRows + r] - shift);
+  const float inv = nan ? NAN : weights_total == 0.f ? 0.f : 1.f / weights_total;
+#pragma unroll
+  for (int j = 0; j < kColSteps; ++j) {
+    float4 x4 = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int sp = 0; sp < a.splits; ++sp) {
+      const float w = exp2f(slot_lse[sp * Tr::kRows + r] - shift);
+      const float4 x =
+          *reinterpret_cast<const float4*>(slot_o + (sp * Tr::kRows + r) * Tr::kSlotPitch + col0 + j * 4 * kRowThreads);
+      x4.x += w * x.x, x4.y += w * x.y, x4.z += w * x.z, x4.w += w * x.w;
+    }
+    store_o(j, make_float4(x4.x * inv, x4.y * inv, x4.z * inv, x4.w * inv));
+  }
 }
 
 }  // namespace
@@ -441,21 +503,26 @@ cudaError_t LaunchAppend(cudaStream_t stream, const AppendArgs& args) {
 
 namespace {
 
-// Whether the TMA load path applies (page size a power of two >= kMinTmaPage, a build with sm_90a code for this
-// device, maps the driver accepts); fills `maps` when it does.
-template <typename T, int kHeadDim>
-bool EncodePageMaps(const DecodeArgs& a, PageMaps& maps) {
-  const Shape& s = a.shape;
-  if (a.page_shift < 0 || s.page_size < kMinTmaPage) return false;
-  // A build without sm_90a machine code would run the kernel's empty TMA primitives.
+// Whether this device runs the kernel's sm_90a machine code: a build without it would run the empty TMA and
+// cluster primitives.
+template <typename T, int kHeadDim, bool kTma>
+bool RunsSm90Code() {
   static const int binary_version = [] {
     cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(&PagedDecodeKernel<T, kHeadDim, true>)) ==
+    return cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(&PagedDecodeKernel<T, kHeadDim, kTma>)) ==
                    cudaSuccess
                ? attr.binaryVersion
                : 0;
   }();
-  if (binary_version != 90) return false;
+  return binary_version == 90;
+}
+
+// Whether the TMA load path applies (page size a power of two >= kMinTmaPage, sm_90a code, maps the driver
+// accepts); fills `maps` when it does.
+template <typename T, int kHeadDim>
+bool EncodePageMaps(const DecodeArgs& a, PageMaps& maps) {
+  const Shape& s = a.shape;
+  if (a.page_shift < 0 || s.page_size < kMinTmaPage || !RunsSm90Code<T, kHeadDim, true>()) return false;
   const int box_rows = static_cast<int>(std::min<int64_t>(s.page_size, DecodeTraits<kHeadDim>::kKeys));
   return sm90::EncodeMap<T>(&maps.k, a.k_pages, s.num_pages, s.page_size, s.num_kv_heads, kHeadDim, box_rows) &&
          sm90::EncodeMap<T>(&maps.v, a.v_pages, s.num_pages, s.page_size, s.num_kv_heads, kHeadDim, box_rows);
@@ -467,8 +534,26 @@ cudaError_t LaunchDecodeKernel(cudaStream_t stream, const DecodeArgs& args, cons
   const cudaError_t attr =
       SetDynamicSmemOnce(reinterpret_cast<const void*>(&PagedDecodeKernel<T, kHeadDim, kTma>), Tr::kSmemBytes);
   if (attr != cudaSuccess) return attr;
-  PagedDecodeKernel<T, kHeadDim, kTma><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args, maps);
-  return cudaGetLastError();
+  if (!args.merge_in_cluster) {
+    PagedDecodeKernel<T, kHeadDim, kTma><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args, maps);
+    return cudaGetLastError();
+  }
+  if (args.splits < 2 || args.splits > kMaxClusterSplits || !RunsSm90Code<T, kHeadDim, kTma>())
+    return cudaErrorNotSupported;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = static_cast<unsigned>(args.splits);
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t launch{};
+  launch.gridDim = grid;
+  launch.blockDim = dim3(Tr::kThreads);
+  launch.dynamicSmemBytes = Tr::kSmemBytes;
+  launch.stream = stream;
+  launch.attrs = &cluster;
+  launch.numAttrs = 1;
+  const cudaError_t err = cudaLaunchKernelEx(&launch, &PagedDecodeKernel<T, kHeadDim, kTma>, args, maps);
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 }  // namespace

@@ -35,9 +35,14 @@ struct DecodeArgs {
   const int32_t* block_table = nullptr;
   const int32_t* lengths = nullptr;
   void* o = nullptr;           // splits == 1
-  float* o_parts = nullptr;    // splits > 1
-  float* lse_parts = nullptr;  // splits > 1
+  float* o_parts = nullptr;    // splits > 1, unless merge_in_cluster
+  float* lse_parts = nullptr;  // splits > 1, unless merge_in_cluster
+  // splits in [2, kMaxClusterSplits] merged inside the kernel: the splits of a row block run as one thread-block
+  // cluster and merge through distributed shared memory in split order (sm_90a); o is written, no partials.
+  bool merge_in_cluster = false;
 };
+
+inline constexpr int64_t kMaxClusterSplits = 8;  // the portable cluster size
 
 cudaError_t LaunchAppend(cudaStream_t stream, const AppendArgs& args);
 

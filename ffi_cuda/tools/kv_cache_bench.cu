@@ -1,9 +1,11 @@
 // Standalone check and timing of the kv_cache kernels (no Python).
 //   kv_cache_bench small: for compute-sanitizer, appends into shuffled pages and decodes (fp16, D 64 and 128,
 //     page sizes 16, 64 and 5, both load paths where they apply, GQA 4, one token and chunks of 3, one split and
-//     three, lengths 0 / 1 / ragged) against a float64 host reference, poisoning every output first.
-//   kv_cache_bench speed: the decode kernel alone (no merge) at B 8, Hq 32, Hkv 8, D 128, fp16, page 16, shuffled
-//     pages, L 1k / 8k / 32k, for each load path and split count: µs and K+V bytes read per second.
+//     three, the three merged by log-sum-exp on the host or in the kernel's cluster, lengths 0 / 1 / ragged)
+//     against a float64 host reference, poisoning every output first.
+//   kv_cache_bench speed: the decode kernel at B 8, Hq 32, Hkv 8, D 128, fp16, page 16, shuffled pages, L 1k / 8k /
+//     32k, for each load path and split count, with partial outputs (the merge not timed) and merged in the
+//     cluster (splits 2..8): µs and K+V bytes read per second.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -45,6 +47,7 @@ std::vector<__half> RandomHalves(size_t n, std::mt19937& rng) {
 struct Case {
   int64_t head_dim, page_size, tokens, splits;
   DecodeLoad load;
+  bool cluster = false;  // splits merged inside the kernel (merge_in_cluster)
 };
 
 const char* LoadName(DecodeLoad load) { return load == DecodeLoad::kTma ? "tma" : "cp.async"; }
@@ -97,8 +100,10 @@ int RunCase(const Case& c, std::mt19937& rng) {
   dp.page_shift = (c.page_size & (c.page_size - 1)) == 0 ? __builtin_ctzll(c.page_size) : -1;
   dp.q = ToDevice(q), dp.k_pages = ap.k_pages, dp.v_pages = ap.v_pages;
   dp.block_table = ap.block_table, dp.lengths = ap.lengths_out;
+  dp.merge_in_cluster = c.cluster;
   const size_t out = B * T * Hq * D;
-  if (c.splits == 1) {
+  const bool merged = c.splits == 1 || c.cluster;  // the kernel writes o
+  if (merged) {
     dp.o = ToDevice(std::vector<__half>(out, __float2half(NAN)));
   } else {
     dp.o_parts = ToDevice(std::vector<float>(c.splits * out, NAN));
@@ -107,7 +112,7 @@ int RunCase(const Case& c, std::mt19937& rng) {
   CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp, c.load)));
   CHECK(cudaDeviceSynchronize());
   std::vector<double> got(out);
-  if (c.splits == 1) {
+  if (merged) {
     const auto o = ToHost(static_cast<__half*>(dp.o), out);
     for (size_t i = 0; i < out; ++i) got[i] = __half2float(o[i]);
   } else {  // merge the splits by log-sum-exp, as the Python side does
@@ -156,8 +161,9 @@ int RunCase(const Case& c, std::mt19937& rng) {
       }
     }
   }
-  std::printf("D=%lld page=%lld T=%lld splits=%lld %s: max abs err %.2e, %d failures\n", (long long)D,
-              (long long)c.page_size, (long long)T, (long long)c.splits, LoadName(c.load), max_err, failures);
+  std::printf("D=%lld page=%lld T=%lld splits=%lld%s %s: max abs err %.2e, %d failures\n", (long long)D,
+              (long long)c.page_size, (long long)T, (long long)c.splits, c.cluster ? " (cluster merge)" : "",
+              LoadName(c.load), max_err, failures);
   for (void* p : {ap.k_pages, ap.v_pages, (void*)ap.block_table, (void*)ap.lengths, (void*)ap.k_new, (void*)ap.v_new,
                   (void*)ap.lengths_out, (void*)ap.status, (void*)dp.q, dp.o, (void*)dp.o_parts, (void*)dp.lse_parts})
     if (p) CHECK(cudaFree(p));
@@ -171,10 +177,12 @@ int Small() {
     for (DecodeLoad load : {DecodeLoad::kCpAsync, DecodeLoad::kTma}) {
       if (load == DecodeLoad::kTma && page == 5) continue;  // TMA boxes need a power-of-two page >= 8
       for (int64_t tokens : {1, 3})
-        for (int64_t splits : {1, 3}) {
-          failures += RunCase<64>({64, page, tokens, splits, load}, rng);
-          failures += RunCase<128>({128, page, tokens, splits, load}, rng);
-        }
+        for (int64_t splits : {1, 3})
+          for (bool cluster : {false, true}) {
+            if (cluster && splits == 1) continue;
+            failures += RunCase<64>({64, page, tokens, splits, load, cluster}, rng);
+            failures += RunCase<128>({128, page, tokens, splits, load, cluster}, rng);
+          }
     }
   std::printf(failures ? "FAILED\n" : "all checks passed\n");
   return failures;
@@ -210,19 +218,21 @@ int Speed() {
     CHECK(cudaEventCreate(&start));
     CHECK(cudaEventCreate(&stop));
     for (DecodeLoad load : {DecodeLoad::kCpAsync, DecodeLoad::kTma})
-      for (int64_t splits : {1, 2, 4, 8, 16}) {
-        dp.splits = splits;
-        for (int i = 0; i < 3; ++i) CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp, load)));
-        CHECK(cudaEventRecord(start));
-        for (int i = 0; i < kReps; ++i) CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp, load)));
-        CHECK(cudaEventRecord(stop));
-        CHECK(cudaEventSynchronize(stop));
-        float ms = 0;
-        CHECK(cudaEventElapsedTime(&ms, start, stop));
-        const double us = 1e3 * ms / kReps;
-        std::printf("L=%6lld %-8s splits=%2lld: %8.1f us  %.2f TB/s\n", (long long)length, LoadName(load),
-                    (long long)splits, us, bytes / us * 1e-6);
-      }
+      for (int64_t splits : {1, 2, 4, 8, 16})
+        for (bool cluster : {false, true}) {
+          if (cluster && (splits == 1 || splits > kMaxClusterSplits)) continue;
+          dp.splits = splits, dp.merge_in_cluster = cluster;
+          for (int i = 0; i < 3; ++i) CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp, load)));
+          CHECK(cudaEventRecord(start));
+          for (int i = 0; i < kReps; ++i) CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp, load)));
+          CHECK(cudaEventRecord(stop));
+          CHECK(cudaEventSynchronize(stop));
+          float ms = 0;
+          CHECK(cudaEventElapsedTime(&ms, start, stop));
+          const double us = 1e3 * ms / kReps;
+          std::printf("L=%6lld %-8s splits=%2lld %-14s: %8.1f us  %.2f TB/s\n", (long long)length, LoadName(load),
+                      (long long)splits, cluster ? "cluster merge" : "partials", us, bytes / us * 1e-6);
+        }
     for (const void* p : {dp.q, dp.k_pages, dp.v_pages, (const void*)dp.block_table, (const void*)dp.lengths,
                           (const void*)dp.o, (const void*)dp.o_parts, (const void*)dp.lse_parts})
       CHECK(cudaFree(const_cast<void*>(p)));

@@ -46,6 +46,13 @@ __device__ __forceinline__ void StSharedClusterV4(uint32_t addr, float4 v) {
 #endif
 }
 
+// 4-byte store to distributed shared memory (an address from MapSharedRank).
+__device__ __forceinline__ void StSharedClusterF32(uint32_t addr, float v) {
+#if JAX_OPS_SM90
+  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
+#endif
+}
+
 // 16-byte load from this CTA's shared memory (a shared::cta address).
 __device__ __forceinline__ float4 LdSharedV4(uint32_t addr) {
   float4 v;
