@@ -133,6 +133,7 @@ NB_MODULE(_jax_ops_cpu, m) {
       constants["kv_cache_cuda_decode_head_dims"] = head_dims;
       constants["kv_cache_cuda_dtypes"] = names(kv::kCudaDTypeNames);
       constants["kv_cache_split_key_align"] = kv::kSplitKeyAlign;
+      constants["kv_cache_max_kernel_merge_splits"] = kv::kMaxKernelMergeSplits;
       constants["kv_cache_status_ok"] = kv::kStatusOk;
       constants["kv_cache_status_past_allocated_pages"] = kv::kStatusPastAllocatedPages;
     }

@@ -130,7 +130,7 @@ struct DecodeTraits {
   static_assert(kKeys == kSplitKeyAlign, "a split is a whole number of key tiles");
   static_assert(kMergeBytes <= kRingEnd, "the merge reuses the tile ring");
   static constexpr int kSlotPitch = kHeadDim + 4;  // floats: a split's output row in the cluster merge
-  static_assert(kMaxClusterSplits * kRows * (kSlotPitch + 1) * 4 <= kRingEnd, "the cluster merge reuses the ring");
+  static_assert(kMaxKernelMergeSplits * kRows * (kSlotPitch + 1) * 4 <= kRingEnd, "the cluster merge reuses the ring");
 };
 
 // kTma: the TMA load path (maps used); else cp.async (maps unused).
@@ -451,8 +451,8 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2)
 
   // The cluster merge: every split pushes its rows' normalised O and log2-sum-exp into the leader's (split 0's)
   // shared memory, which merges them in split order as merge_by_lse does (empty splits weigh 0, NaN stays NaN).
-  float* slot_o = reinterpret_cast<float*>(smem);                             // [split][row][kSlotPitch]
-  float* slot_lse = slot_o + kMaxClusterSplits * Tr::kRows * Tr::kSlotPitch;  // [split][row]
+  float* slot_o = reinterpret_cast<float*>(smem);                                 // [split][row][kSlotPitch]
+  float* slot_lse = slot_o + kMaxKernelMergeSplits * Tr::kRows * Tr::kSlotPitch;  // [split][row]
   sm90::ClusterArrive();
   sm90::ClusterWait();  // every CTA of the cluster is done with its own shared memory
   const uint32_t leader_o = sm90::MapSharedRank(sm80::SmemAddr(slot_o), 0);
@@ -538,7 +538,7 @@ cudaError_t LaunchDecodeKernel(cudaStream_t stream, const DecodeArgs& args, cons
     PagedDecodeKernel<T, kHeadDim, kTma><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args, maps);
     return cudaGetLastError();
   }
-  if (args.splits < 2 || args.splits > kMaxClusterSplits || !RunsSm90Code<T, kHeadDim, kTma>())
+  if (args.splits < 2 || args.splits > kMaxKernelMergeSplits || !RunsSm90Code<T, kHeadDim, kTma>())
     return cudaErrorNotSupported;
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
@@ -559,7 +559,7 @@ cudaError_t LaunchDecodeKernel(cudaStream_t stream, const DecodeArgs& args, cons
 }  // namespace
 
 template <typename T, int kHeadDim>
-cudaError_t LaunchDecode(cudaStream_t stream, const DecodeArgs& args, DecodeLoad load) {
+cudaError_t LaunchDecode(cudaStream_t stream, const DecodeArgs& args) {
   using Tr = DecodeTraits<kHeadDim>;
   const Shape& s = args.shape;
   const int64_t rows = s.group() * s.tokens;
@@ -569,14 +569,13 @@ cudaError_t LaunchDecode(cudaStream_t stream, const DecodeArgs& args, DecodeLoad
   const dim3 grid(static_cast<unsigned>(x_blocks), static_cast<unsigned>(s.num_kv_heads),
                   static_cast<unsigned>(s.batch));
   PageMaps maps{};
-  const bool tma = load == DecodeLoad::kTma && EncodePageMaps<T, kHeadDim>(args, maps);
-  if (load == DecodeLoad::kTma && !tma) return cudaErrorNotSupported;
+  const bool tma = args.load != DecodeLoad::kCpAsync && EncodePageMaps<T, kHeadDim>(args, maps);
+  if (args.load == DecodeLoad::kTma && !tma) return cudaErrorNotSupported;
   return tma ? LaunchDecodeKernel<T, kHeadDim, true>(stream, args, maps, grid)
              : LaunchDecodeKernel<T, kHeadDim, false>(stream, args, maps, grid);
 }
 
-#define JAX_OPS_INSTANTIATE_KV_DECODE(T, D) \
-  template cudaError_t LaunchDecode<T, D>(cudaStream_t, const DecodeArgs&, DecodeLoad);
+#define JAX_OPS_INSTANTIATE_KV_DECODE(T, D) template cudaError_t LaunchDecode<T, D>(cudaStream_t, const DecodeArgs&);
 JAX_OPS_INSTANTIATE_KV_DECODE(__half, 64)
 JAX_OPS_INSTANTIATE_KV_DECODE(__half, 128)
 JAX_OPS_INSTANTIATE_KV_DECODE(__half, 256)

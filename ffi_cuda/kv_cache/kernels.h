@@ -23,6 +23,11 @@ struct AppendArgs {
   int32_t* status = nullptr;
 };
 
+// How the decode kernel loads its key tiles: cp.async, or the TMA engine (page size a power of two >= 8, sm_90a):
+// kTma where it does not apply returns cudaErrorNotSupported and launches nothing (the standalone tool forces it),
+// kTmaWhereItApplies falls back to cp.async (the tma_load attribute).
+enum class DecodeLoad { kCpAsync, kTma, kTmaWhereItApplies };
+
 // Device pointers, sizes and attributes of one decode (contract in params.h).
 struct DecodeArgs {
   Shape shape;
@@ -37,22 +42,16 @@ struct DecodeArgs {
   void* o = nullptr;           // splits == 1
   float* o_parts = nullptr;    // splits > 1, unless merge_in_cluster
   float* lse_parts = nullptr;  // splits > 1, unless merge_in_cluster
-  // splits in [2, kMaxClusterSplits] merged inside the kernel: the splits of a row block run as one thread-block
-  // cluster and merge through distributed shared memory in split order (sm_90a); o is written, no partials.
+  // splits in [2, kMaxKernelMergeSplits] merged inside the kernel: the splits of a row block run as one
+  // thread-block cluster and merge through distributed shared memory in split order (sm_90a); o is written.
   bool merge_in_cluster = false;
+  DecodeLoad load = DecodeLoad::kCpAsync;
 };
-
-inline constexpr int64_t kMaxClusterSplits = 8;  // the portable cluster size
 
 cudaError_t LaunchAppend(cudaStream_t stream, const AppendArgs& args);
 
-// How the decode kernel loads its key tiles. kAuto is cp.async: the TMA path (page size a power of two >= 8,
-// sm_90a) runs only where asked, in the standalone tool, until it is checked on a GPU (docs/kv_cache.md). kTma
-// where it does not apply returns cudaErrorNotSupported and launches nothing.
-enum class DecodeLoad { kAuto, kCpAsync, kTma };
-
 // T: __half or __nv_bfloat16; kHeadDim one of kCudaDecodeHeadDims.
 template <typename T, int kHeadDim>
-cudaError_t LaunchDecode(cudaStream_t stream, const DecodeArgs& args, DecodeLoad load = DecodeLoad::kAuto);
+cudaError_t LaunchDecode(cudaStream_t stream, const DecodeArgs& args);
 
 }  // namespace jax_ops::kv_cache

@@ -121,7 +121,10 @@ void DecodeTyped(const Shape& s, const ffi::AnyBuffer& q_buf, const ffi::AnyBuff
 
 ffi::Error DecodeCpu(JAX_OPS_KV_DECODE_PARAMS) {
   Shape s;
-  JAX_OPS_RETURN_IF_ERROR(CheckDecode(q, k_pages, v_pages, block_table, lengths, splits, *o, *o_parts, *lse_parts, s));
+  JAX_OPS_RETURN_IF_ERROR(
+      CheckDecode(q, k_pages, v_pages, block_table, lengths, splits, merge_in_kernel, *o, *o_parts, *lse_parts, s));
+  (void)tma_load;                   // a CUDA load-path choice
+  if (merge_in_kernel) splits = 1;  // the merged result: the unsplit softmax, in double as every split
   const auto* table = static_cast<const int32_t*>(block_table.untyped_data());
   const auto* len = static_cast<const int32_t*>(lengths.untyped_data());
   auto* parts = static_cast<float*>(o_parts->untyped_data());

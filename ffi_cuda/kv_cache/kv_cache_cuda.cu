@@ -58,7 +58,8 @@ ffi::Error DecodeHeadDim(cudaStream_t stream, const DecodeArgs& a) {
 
 ffi::Error DecodeCuda(cudaStream_t stream, JAX_OPS_KV_DECODE_PARAMS) {
   Shape s;
-  JAX_OPS_RETURN_IF_ERROR(CheckDecode(q, k_pages, v_pages, block_table, lengths, splits, *o, *o_parts, *lse_parts, s));
+  JAX_OPS_RETURN_IF_ERROR(
+      CheckDecode(q, k_pages, v_pages, block_table, lengths, splits, merge_in_kernel, *o, *o_parts, *lse_parts, s));
   JAX_OPS_CHECK_ARG(s.capacity() + kSplitKeyAlign < (int64_t{1} << 31),
                     "the CUDA paged decode indexes keys in int32: max_pages * page_size = " << s.capacity());
   DecodeArgs a;
@@ -68,6 +69,8 @@ ffi::Error DecodeCuda(cudaStream_t stream, JAX_OPS_KV_DECODE_PARAMS) {
   a.scale = scale;
   a.softcap = softcap;
   a.splits = splits;
+  a.merge_in_cluster = merge_in_kernel;
+  a.load = tma_load ? DecodeLoad::kTmaWhereItApplies : DecodeLoad::kCpAsync;
   a.q = q.untyped_data();
   a.k_pages = k_pages.untyped_data();
   a.v_pages = v_pages.untyped_data();

@@ -16,10 +16,12 @@
 //
 //   jax_ops_kv_cache_decode
 //     args   q [B, T, Hq, D] (the pages' dtype), k_pages, v_pages, block_table, lengths as above
-//     attrs  scale (f32), softcap (f32; 0 = none), splits (s64, >= 1)
-//     rets   o        [B, T, Hq, D] q dtype when splits == 1, else 0 elements
-//            o_parts  [splits, B, T, Hq, D] f32 when splits > 1, else 0 elements
-//            lse_parts [splits, B, T, Hq] f32 when splits > 1, else 0 elements
+//     attrs  scale (f32), softcap (f32; 0 = none), splits (s64, >= 1),
+//            tma_load (bool: CUDA loads key tiles with the TMA engine where it applies; the twin ignores it),
+//            merge_in_kernel (bool, splits in [2, kMaxKernelMergeSplits]: the kernel merges the splits itself)
+//     rets   o        [B, T, Hq, D] q dtype when splits == 1 or merge_in_kernel, else 0 elements
+//            o_parts  [splits, B, T, Hq, D] f32 when splits > 1 and not merge_in_kernel, else 0 elements
+//            lse_parts [splits, B, T, Hq] f32 likewise
 //
 // Decode math: with L = lengths[b] clamped to [0, max_pages * page], query t sits at position L - T + t and sees
 // the keys s < L with s <= L - T + t (causal within the chunk); query head h reads kv head h / (Hq / Hkv) (GQA by
@@ -28,7 +30,8 @@
 // softcap * tanh(logit / softcap) when softcap > 0; fp32 softmax state. A query with no visible key gets o = 0.
 // Split s of request b covers the keys [s * chunk, (s + 1) * chunk) with chunk = SplitChunk(L, splits): o_parts
 // is each split's normalised output and lse_parts its natural-log sum of exp (-inf and o_parts 0 for a split with
-// no visible key); Python merges them by log-sum-exp (the attention family's merge).
+// no visible key); Python merges them by log-sum-exp (the attention family's merge), or the kernel does when
+// merge_in_kernel (CUDA: the splits of a query block run as one thread-block cluster; the twin computes o unsplit).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +41,7 @@
 namespace jax_ops::kv_cache {
 
 inline constexpr int32_t kStatusOk = 0;
+inline constexpr int64_t kMaxKernelMergeSplits = 8;  // the CUDA cluster merge: the portable cluster size
 inline constexpr int32_t kStatusPastAllocatedPages = 1;
 
 // Head dims of the CUDA decode kernel (f16 / bf16 pages); other inputs run the jnp path (Python says why).
@@ -125,24 +129,26 @@ inline ffi::Error CheckAppend(const ffi::AnyBuffer& k_pages, const ffi::AnyBuffe
 
 inline ffi::Error CheckDecode(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k_pages, const ffi::AnyBuffer& v_pages,
                               const ffi::AnyBuffer& block_table, const ffi::AnyBuffer& lengths, int64_t splits,
-                              const ffi::AnyBuffer& o, const ffi::AnyBuffer& o_parts, const ffi::AnyBuffer& lse_parts,
-                              Shape& s) {
+                              bool merge_in_kernel, const ffi::AnyBuffer& o, const ffi::AnyBuffer& o_parts,
+                              const ffi::AnyBuffer& lse_parts, Shape& s) {
   JAX_OPS_RETURN_IF_ERROR(CheckCache(k_pages, v_pages, block_table, lengths, s));
   JAX_OPS_RETURN_IF_ERROR(CheckTokens(q, "q", s, s.num_q_heads));
   JAX_OPS_CHECK_ARG(s.num_q_heads % s.num_kv_heads == 0,
                     "q's " << s.num_q_heads << " heads are not a multiple of the " << s.num_kv_heads << " kv heads");
   JAX_OPS_CHECK_ARG(splits >= 1, "splits must be >= 1, got " << splits);
+  JAX_OPS_CHECK_ARG(!merge_in_kernel || (splits >= 2 && splits <= kMaxKernelMergeSplits),
+                    "merge_in_kernel needs 2.." << kMaxKernelMergeSplits << " splits, got " << splits);
   const int64_t rows = s.batch * s.tokens * s.num_q_heads;
-  const bool split = splits > 1;
+  const bool split = splits > 1 && !merge_in_kernel;  // partial outputs for Python to merge
   JAX_OPS_CHECK_ARG(
       static_cast<int64_t>(o.element_count()) == (split ? 0 : rows * s.head_dim) && o.element_type() == s.dtype,
-      "o must be q's shape and dtype (0 elements when splits > 1)");
+      "o must be q's shape and dtype (0 elements when splits > 1 without merge_in_kernel)");
   JAX_OPS_CHECK_ARG(static_cast<int64_t>(o_parts.element_count()) == (split ? splits * rows * s.head_dim : 0) &&
                         o_parts.element_type() == ffi::DataType::F32,
-                    "o_parts must be [splits, B, T, Hq, D] float32 (0 elements when splits == 1)");
+                    "o_parts must be [splits, B, T, Hq, D] float32 (0 elements when o is written)");
   JAX_OPS_CHECK_ARG(static_cast<int64_t>(lse_parts.element_count()) == (split ? splits * rows : 0) &&
                         lse_parts.element_type() == ffi::DataType::F32,
-                    "lse_parts must be [splits, B, T, Hq] float32 (0 elements when splits == 1)");
+                    "lse_parts must be [splits, B, T, Hq] float32 (0 elements when o is written)");
   return ffi::Error::Success();
 }
 

@@ -100,7 +100,7 @@ int RunCase(const Case& c, std::mt19937& rng) {
   dp.page_shift = (c.page_size & (c.page_size - 1)) == 0 ? __builtin_ctzll(c.page_size) : -1;
   dp.q = ToDevice(q), dp.k_pages = ap.k_pages, dp.v_pages = ap.v_pages;
   dp.block_table = ap.block_table, dp.lengths = ap.lengths_out;
-  dp.merge_in_cluster = c.cluster;
+  dp.merge_in_cluster = c.cluster, dp.load = c.load;
   const size_t out = B * T * Hq * D;
   const bool merged = c.splits == 1 || c.cluster;  // the kernel writes o
   if (merged) {
@@ -109,7 +109,7 @@ int RunCase(const Case& c, std::mt19937& rng) {
     dp.o_parts = ToDevice(std::vector<float>(c.splits * out, NAN));
     dp.lse_parts = ToDevice(std::vector<float>(c.splits * B * T * Hq, NAN));
   }
-  CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp, c.load)));
+  CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp)));
   CHECK(cudaDeviceSynchronize());
   std::vector<double> got(out);
   if (merged) {
@@ -220,11 +220,11 @@ int Speed() {
     for (DecodeLoad load : {DecodeLoad::kCpAsync, DecodeLoad::kTma})
       for (int64_t splits : {1, 2, 4, 8, 16})
         for (bool cluster : {false, true}) {
-          if (cluster && (splits == 1 || splits > kMaxClusterSplits)) continue;
-          dp.splits = splits, dp.merge_in_cluster = cluster;
-          for (int i = 0; i < 3; ++i) CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp, load)));
+          if (cluster && (splits == 1 || splits > kMaxKernelMergeSplits)) continue;
+          dp.splits = splits, dp.merge_in_cluster = cluster, dp.load = load;
+          for (int i = 0; i < 3; ++i) CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp)));
           CHECK(cudaEventRecord(start));
-          for (int i = 0; i < kReps; ++i) CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp, load)));
+          for (int i = 0; i < kReps; ++i) CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp)));
           CHECK(cudaEventRecord(stop));
           CHECK(cudaEventSynchronize(stop));
           float ms = 0;

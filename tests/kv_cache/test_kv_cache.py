@@ -79,17 +79,22 @@ def _nn_reference(q, cache, softcap):
 
 PAGE = 8
 
-# Every test runs on each backend: the jnp path, our kernel (the CPU twin here, CUDA under -m gpu), and the kernel
-# with 3 key splits forced (the split-KV path and its log-sum-exp merge).
-BACKENDS = {"xla": ("xla", None), "ffi": ("ffi", None), "ffi-split3": ("ffi", 3)}
+# Every test runs on each backend: the jnp path, our kernel (the CPU twin here, CUDA under -m gpu), the kernel with
+# 3 key splits forced (the split-KV path and its log-sum-exp merge), and the same splits merged by the kernel.
+BACKENDS = {
+    "xla": ("xla", {}),
+    "ffi": ("ffi", {}),
+    "ffi-split3": ("ffi", dict(splits=3)),
+    "ffi-split3-kernel-merge": ("ffi", dict(splits=3, merge="kernel")),
+}
 _implementation = "xla"
 
 
 @pytest.fixture(autouse=True, params=list(BACKENDS))
 def backend(request):
     global _implementation
-    _implementation, splits = BACKENDS[request.param]
-    with kc.overrides(splits=splits):
+    _implementation, knobs = BACKENDS[request.param]
+    with kc.overrides(**knobs):
         yield request.param
 
 
@@ -303,3 +308,14 @@ def test_status_codes_are_the_native_ones():
     consts = _ffi.constants()
     assert reference.STATUS_OK == consts["kv_cache_status_ok"]
     assert reference.STATUS_PAST_ALLOCATED_PAGES == consts["kv_cache_status_past_allocated_pages"]
+
+
+def test_kernel_option_knobs_are_checked():
+    cache = kc.create(4, PAGE, 1, 8, jnp.float32, batch=1, max_pages=2)
+    q = jnp.zeros((1, 2, 8), jnp.float32)
+    for bad in (dict(load="ldg"), dict(merge="python")):
+        with kc.overrides(**bad), pytest.raises(ValueError, match="kv_cache (load|merge) must be"):
+            kc.decode(q, cache, implementation="ffi")
+    with kc.overrides(splits=1, merge="kernel", load="tma"):  # one split: nothing to merge; the twin ignores tma
+        out = kc.decode(q, cache, implementation="ffi")
+    assert out.shape == q.shape and not np.any(np.asarray(out))

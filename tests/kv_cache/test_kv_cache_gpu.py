@@ -54,10 +54,19 @@ CASES = [
 ]
 
 
+# The kernel's load paths and split merges: the defaults, then the TMA load and the in-kernel (cluster) merge.
+KERNEL_OPTIONS = {
+    "default": {},
+    "tma": dict(load="tma"),
+    "tma-kernel-merge": dict(load="tma", merge="kernel"),
+}
+
+
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("splits", [None, 1, 2, 5])
-def test_cuda_decode_matches_float64(case, dtype, splits):
+@pytest.mark.parametrize("options", list(KERNEL_OPTIONS))
+def test_cuda_decode_matches_float64(case, dtype, splits, options):
     lengths, page, hq, hkv, d, T = CASES[case]
     rng = np.random.default_rng(case * 7 + (splits or 0))
     cache = random_cache(
@@ -65,7 +74,7 @@ def test_cuda_decode_matches_float64(case, dtype, splits):
     )
     shape = (len(lengths), T, hq, d) if T > 1 else (len(lengths), hq, d)
     q = jnp.asarray(rng.standard_normal(shape), dtype)
-    with kc.overrides(splits=splits):
+    with kc.overrides(splits=splits, **KERNEL_OPTIONS[options]):
         out = poisoned_run(jax.jit(lambda q, c: kc.decode(q, c, implementation="ffi")), q, cache)
     ref = float64_reference(q if T > 1 else q[:, None], cache)
     ref = ref if T > 1 else ref[:, 0]

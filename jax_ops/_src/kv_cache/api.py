@@ -120,7 +120,8 @@ def decode(
         n_splits = heuristics.splits(
             B, cache.num_kv_heads, q4.shape[1] * (Hq // cache.num_kv_heads), cache.capacity
         )
-        o = ffi.decode_ffi(q4, cache, scale=scale, softcap=softcap, splits=n_splits)
+        options = heuristics.kernel_options(n_splits)
+        o = ffi.decode_ffi(q4, cache, scale=scale, softcap=softcap, splits=n_splits, **options)
     else:
         o = reference.decode(q4, cache, scale=scale, softcap=softcap)
     return o if q.ndim == 4 else o[:, 0]

@@ -38,12 +38,20 @@ def append_ffi(cache: PagedKVCache, k_new: jax.Array, v_new: jax.Array) -> tuple
 
 
 def decode_ffi(
-    q: jax.Array, cache: PagedKVCache, *, scale: float, softcap: float | None, splits: int
+    q: jax.Array,
+    cache: PagedKVCache,
+    *,
+    scale: float,
+    softcap: float | None,
+    splits: int,
+    tma_load: bool = False,
+    merge_in_kernel: bool = False,
 ) -> jax.Array:
-    """Paged decode of ``q [B, T, Hq, D]``: one kernel launch, plus the log-sum-exp merge when ``splits > 1``."""
+    """Paged decode of ``q [B, T, Hq, D]``: one kernel launch, plus the log-sum-exp merge when ``splits > 1``
+    unless the kernel merges them itself (``merge_in_kernel``)."""
     B, T, Hq, D = q.shape
     f32 = jnp.float32
-    split = splits > 1
+    split = splits > 1 and not merge_in_kernel
     shapes = (
         jax.ShapeDtypeStruct((0,) if split else q.shape, q.dtype),
         jax.ShapeDtypeStruct((splits, B, T, Hq, D) if split else (0,), f32),
@@ -60,6 +68,8 @@ def decode_ffi(
         scale=np.float32(scale),
         softcap=np.float32(softcap or 0.0),
         splits=int(splits),
+        tma_load=bool(tma_load),
+        merge_in_kernel=bool(merge_in_kernel),
         vmap_method="sequential",
     )
     if not split:

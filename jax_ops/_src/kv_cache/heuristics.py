@@ -31,6 +31,18 @@ def splits(batch: int, num_kv_heads: int, packed_rows: int, capacity: int) -> in
     return int(max(1, min(want, capacity // SPLIT_MIN_KEYS, MAX_SPLITS)))
 
 
+def kernel_options(splits: int) -> dict:
+    """The decode kernel's ``tma_load`` and ``merge_in_kernel`` attributes from the ``load`` / ``merge`` knobs
+    (in-kernel merging needs 2..kv_cache_max_kernel_merge_splits splits; other counts merge in XLA)."""
+    load, merge = KNOBS.load, KNOBS.merge
+    if load not in ("cp.async", "tma"):
+        raise ValueError(f"kv_cache load must be 'cp.async' or 'tma', got {load!r}")
+    if merge not in ("xla", "kernel"):
+        raise ValueError(f"kv_cache merge must be 'xla' or 'kernel', got {merge!r}")
+    most = int(_ffi.constants()["kv_cache_max_kernel_merge_splits"])
+    return dict(tma_load=load == "tma", merge_in_kernel=merge == "kernel" and 2 <= splits <= most)
+
+
 def decode_unsupported(dtype, head_dim: int) -> str | None:
     """Why our decode kernel cannot run these inputs on this platform (None when it can)."""
     if "jax_ops_kv_cache_decode" not in _ffi.target_names("cpu"):
