@@ -7,7 +7,9 @@ The page table holds a random permutation of a pool exactly as big as the reques
 
 Rows per case:
 - ``jax_ops paged``: ``kv_cache.decode(q, cache)`` (``implementation=None``); ``jax_ops paged xla``: its jnp
-  reference (``implementation="xla"``, skipped in ``--quick`` at L >= 32k, where it takes tens of ms).
+  reference (``implementation="xla"``, skipped in ``--quick`` at L >= 32k, where it takes tens of ms);
+  ``jax_ops paged tma`` / ``kernel-merge`` / ``tma+kernel-merge`` (GPU): the CUDA decode with the variants that
+  are off by default (``KERNEL_VARIANTS``: the kv_cache ``load`` / ``merge`` knobs).
 - ``pallas paged``: ``jax.experimental.pallas.ops.gpu.paged_attention`` on the same pages in its own
   ``[Hkv, P, page, D]`` layout (built once, outside the timing) and the same shuffled table; q pre-scaled by
   1/sqrt(D), which that kernel does not apply.
@@ -118,6 +120,24 @@ def _reference(q, k, v, lengths) -> jax.Array:
         return fn(q, k, v, lengths)
 
 
+# The CUDA decode's variants that are off by default (kv_cache knobs), timed beside the default (GPU only).
+KERNEL_VARIANTS = {
+    "tma": dict(load="tma"),
+    "kernel-merge": dict(merge="kernel"),
+    "tma+kernel-merge": dict(load="tma", merge="kernel"),
+}
+
+
+def _variant(knobs: dict):
+    """kc.decode with the knobs set while it traces (they are read at trace time)."""
+
+    def fn(q, cache):
+        with kc.overrides(**knobs):
+            return kc.decode(q, cache)
+
+    return fn
+
+
 def _contiguous_fn(implementation: str):
     def fn(q, k, v, lengths):
         if implementation == "jax_ops":
@@ -182,6 +202,11 @@ def _decode_rows(ctx, c: dict, on_gpu: bool) -> list[dict]:
     pallas_pools = tuple(p.transpose(2, 0, 1, 3) for p in (cache.k_pages, cache.v_pages))
     impls = {
         "jax_ops paged": (lambda q, cache: kc.decode(q, cache), (cache,)),
+        **(
+            {f"jax_ops paged {name}": (_variant(knobs), (cache,)) for name, knobs in KERNEL_VARIANTS.items()}
+            if on_gpu
+            else {}
+        ),
         "jax_ops paged xla": (lambda q, cache: kc.decode(q, cache, implementation="xla"), (cache,)),
         "pallas paged": (None, (*pallas_pools, pallas_table, cache.lengths)),
         "cudnn contiguous": (_contiguous_fn("cudnn"), (k, v, seq_lengths)),
