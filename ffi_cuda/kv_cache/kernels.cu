@@ -144,6 +144,9 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2)
   constexpr int kPitch = kTma ? 64 : kHeadDim, kKeyPanel = kTma ? kKeys : 0, kQPanel = kTma ? Tr::kRows : 0;
   constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
   const Shape& s = a.shape;
+#if defined(__CUDA_ARCH__) && !JAX_OPS_SM90
+  if (kTma || a.merge_in_cluster) __trap();  // their sm90 primitives are empty here (the launcher never asks)
+#endif
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem =
@@ -360,6 +363,8 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2)
         for (int e = 0; e < 4; ++e) {
           float x = sc[nt][e];
           x = capped ? a.softcap * tanhf(x * a.scale / a.softcap) * kLog2e : x * scale_log2;
+          // a select after the softcap: a masked key's logit is -inf whatever its row held (the TMA path's rows
+          // past hi are another page's or stale, possibly NaN)
           if (masked && s0 + nt * 8 + (lane & 3) * 2 + (e & 1) >= key_end[e >> 1]) x = -INFINITY;
           sc[nt][e] = x;
         }

@@ -1,11 +1,12 @@
 // Standalone check and timing of the kv_cache kernels (no Python).
-//   kv_cache_bench small: for compute-sanitizer, appends into shuffled pages and decodes (fp16, D 64 and 128,
-//     page sizes 16, 64 and 5, both load paths where they apply, GQA 4, one token and chunks of 3, one split and
-//     three, the three merged by log-sum-exp on the host or in the kernel's cluster, lengths 0 / 1 / ragged)
-//     against a float64 host reference, poisoning every output first.
+//   kv_cache_bench small: for compute-sanitizer, appends into shuffled pages and decodes (fp16; D 64 and 128 with
+//     pages 16 and 5 on cp.async and 8, 16 and 128 on TMA, D 256 with pages 16 and 128 on both; GQA 4; one token
+//     and chunks of 3; one split, three merged on the host, three merged in the kernel's cluster; lengths 0, 1 and
+//     one long enough to wrap the stage ring in every split) against a float64 host reference, with NaN in every
+//     pool row no request holds and every output poisoned first.
 //   kv_cache_bench speed: the decode kernel at B 8, Hq 32, Hkv 8, D 128, fp16, page 16, shuffled pages, L 1k / 8k /
-//     32k, for each load path and split count, with partial outputs (the merge not timed) and merged in the
-//     cluster (splits 2..8): µs and K+V bytes read per second.
+//     32k (1k fits in L2), for each load path and split count, with partial outputs (the host merge not timed) and
+//     merged in the cluster (splits 2..8): µs, K+V bytes read per second, and each result against the first.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -19,6 +20,19 @@
 #include "tools/bench_check.h"
 
 using namespace jax_ops::kv_cache;
+
+namespace jax_ops::tools {
+
+// Pseudo-random halves in [-1, 1) by a hash of the index (a host generator would take seconds for these pools).
+__global__ void FillHalves(__half* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
+    p[i] = __float2half(static_cast<float>(x & 0xffff) / 32768.f - 1.f);
+  }
+}
+
+}  // namespace jax_ops::tools
 
 namespace {
 
@@ -50,6 +64,17 @@ struct Case {
   bool cluster = false;  // splits merged inside the kernel (merge_in_cluster)
 };
 
+// Keys of the longest request: 3 splits of it still take 4 key tiles each, so both rings wrap (3 stages).
+constexpr int64_t kLongRequest = 600;
+
+bool IsHopper() {
+  int major = 0;
+  CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  return major == 9;
+}
+
+const __half kNanHalf = __ushort_as_half(0x7e00);
+
 const char* LoadName(DecodeLoad load) { return load == DecodeLoad::kTma ? "tma" : "cp.async"; }
 
 // Appends `tokens` per request, then decodes those chunks; returns the number of failed checks.
@@ -57,7 +82,7 @@ template <int kHeadDim>
 int RunCase(const Case& c, std::mt19937& rng) {
   Shape s;
   s.batch = 3, s.num_kv_heads = 2, s.num_q_heads = 8, s.head_dim = kHeadDim, s.page_size = c.page_size;
-  s.max_pages = (70 + c.page_size - 1) / c.page_size, s.num_pages = s.batch * s.max_pages + 1;
+  s.max_pages = (kLongRequest + c.page_size - 1) / c.page_size, s.num_pages = s.batch * s.max_pages + 1;
   s.tokens = c.tokens, s.dtype = xla::ffi::DataType::F16;
   const int64_t D = kHeadDim, Hkv = s.num_kv_heads, Hq = s.num_q_heads, B = s.batch, T = c.tokens;
   const std::vector<int32_t> lengths = {0, 1, static_cast<int32_t>(s.capacity() - T - 2)};
@@ -68,6 +93,16 @@ int RunCase(const Case& c, std::mt19937& rng) {
   for (size_t i = 0; i < table.size(); ++i) table[i] = perm[i];
   const size_t pool = s.num_pages * s.page_size * Hkv * D;
   std::vector<__half> k_pool = RandomHalves(pool, rng), v_pool = RandomHalves(pool, rng);
+  // NaN in every row no request holds (past each length, and the spare page): a path that reads one, or lets one
+  // into P V, fails; the appended rows overwrite theirs.
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t pos = lengths[b]; pos < s.capacity(); ++pos)
+      for (int64_t h = 0; h < Hkv; ++h) {
+        const int64_t row = s.PageOffset(table[b * s.max_pages + pos / s.page_size], pos % s.page_size, h);
+        std::fill_n(&k_pool[row], D, kNanHalf), std::fill_n(&v_pool[row], D, kNanHalf);
+      }
+  const int64_t spare = s.PageOffset(perm.back(), 0, 0), page_elems = s.page_size * Hkv * D;
+  std::fill_n(&k_pool[spare], page_elems, kNanHalf), std::fill_n(&v_pool[spare], page_elems, kNanHalf);
   std::vector<__half> k_new = RandomHalves(B * T * Hkv * D, rng), v_new = RandomHalves(B * T * Hkv * D, rng);
   std::vector<__half> q = RandomHalves(B * T * Hq * D, rng);
 
@@ -109,7 +144,19 @@ int RunCase(const Case& c, std::mt19937& rng) {
     dp.o_parts = ToDevice(std::vector<float>(c.splits * out, NAN));
     dp.lse_parts = ToDevice(std::vector<float>(c.splits * B * T * Hq, NAN));
   }
-  CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp)));
+  auto release = [&] {
+    for (void* p : {ap.k_pages, ap.v_pages, (void*)ap.block_table, (void*)ap.lengths, (void*)ap.k_new, (void*)ap.v_new,
+                    (void*)ap.lengths_out, (void*)ap.status, (void*)dp.q, dp.o, (void*)dp.o_parts, (void*)dp.lse_parts})
+      if (p) CHECK(cudaFree(p));
+  };
+  const cudaError_t launched = LaunchDecode<__half, kHeadDim>(nullptr, dp);
+  if (launched == cudaErrorNotSupported && !IsHopper()) {  // TMA and clusters need sm_90a; on Hopper a refusal fails
+    std::printf("D=%lld page=%lld: %s%s needs sm_90a: skipped\n", (long long)D, (long long)c.page_size,
+                LoadName(c.load), c.cluster ? " + cluster merge" : "");
+    release();
+    return 0;
+  }
+  CHECK(launched);
   CHECK(cudaDeviceSynchronize());
   std::vector<double> got(out);
   if (merged) {
@@ -164,32 +211,37 @@ int RunCase(const Case& c, std::mt19937& rng) {
   std::printf("D=%lld page=%lld T=%lld splits=%lld%s %s: max abs err %.2e, %d failures\n", (long long)D,
               (long long)c.page_size, (long long)T, (long long)c.splits, c.cluster ? " (cluster merge)" : "",
               LoadName(c.load), max_err, failures);
-  for (void* p : {ap.k_pages, ap.v_pages, (void*)ap.block_table, (void*)ap.lengths, (void*)ap.k_new, (void*)ap.v_new,
-                  (void*)ap.lengths_out, (void*)ap.status, (void*)dp.q, dp.o, (void*)dp.o_parts, (void*)dp.lse_parts})
-    if (p) CHECK(cudaFree(p));
+  release();
   return failures;
 }
 
 int Small() {
   std::mt19937 rng(1234);
   int failures = 0;
-  for (int64_t page : {16, 64, 5})
+  // splits: 1, 3 merged on the host, 3 merged in the kernel's cluster
+  const std::pair<int64_t, bool> split_modes[] = {{1, false}, {3, false}, {3, true}};
+  for (int64_t page : {16, 5, 8, 128})
     for (DecodeLoad load : {DecodeLoad::kCpAsync, DecodeLoad::kTma}) {
       if (load == DecodeLoad::kTma && page == 5) continue;  // TMA boxes need a power-of-two page >= 8
+      if (load == DecodeLoad::kCpAsync && (page == 8 || page == 128)) continue;
       for (int64_t tokens : {1, 3})
-        for (int64_t splits : {1, 3})
-          for (bool cluster : {false, true}) {
-            if (cluster && splits == 1) continue;
-            failures += RunCase<64>({64, page, tokens, splits, load, cluster}, rng);
-            failures += RunCase<128>({128, page, tokens, splits, load, cluster}, rng);
-          }
+        for (auto [splits, cluster] : split_modes) {
+          failures += RunCase<64>({64, page, tokens, splits, load, cluster}, rng);
+          failures += RunCase<128>({128, page, tokens, splits, load, cluster}, rng);
+        }
     }
+  for (int64_t page : {16, 128})  // D 256: two stages, Q read from shared memory every tile, four panels
+    for (DecodeLoad load : {DecodeLoad::kCpAsync, DecodeLoad::kTma})
+      for (auto [splits, cluster] : split_modes) failures += RunCase<256>({256, page, 1, splits, load, cluster}, rng);
   std::printf(failures ? "FAILED\n" : "all checks passed\n");
   return failures;
 }
 
-// Times the decode kernel (no merge) on the issue's serving shape for both load paths and several split counts.
+// Times the decode kernel on the issue's serving shape for both load paths, several split counts and both merges
+// (partial outputs: the host merge is not timed); every configuration's result is compared with the first one's
+// (cp.async, one split), so a fast but wrong variant fails. Returns the number of failed comparisons.
 int Speed() {
+  int failures = 0;
   constexpr int kHeadDim = 128, kReps = 50;
   std::mt19937 rng(7);
   for (int64_t length : {1024, 8192, 32768}) {
@@ -204,9 +256,10 @@ int Speed() {
     dp.shape = s, dp.scale = 0.088f, dp.page_shift = 4;
     dp.q = ToDevice(RandomHalves(s.batch * s.num_q_heads * kHeadDim, rng));
     void* pools[2];
-    for (void*& p : pools) {  // every element 0x3c3c (1.06): the values do not change the kernel's speed
-      CHECK(cudaMalloc(&p, pool * sizeof(__half)));
-      CHECK(cudaMemset(p, 0x3c, pool * sizeof(__half)));
+    for (int i = 0; i < 2; ++i) {
+      CHECK(cudaMalloc(&pools[i], pool * sizeof(__half)));
+      jax_ops::tools::FillHalves<<<1024, 256>>>(static_cast<__half*>(pools[i]), pool, 17u + i);
+      CHECK(cudaGetLastError());
     }
     dp.k_pages = pools[0], dp.v_pages = pools[1];
     dp.block_table = ToDevice(table), dp.lengths = ToDevice(std::vector<int32_t>(s.batch, length));
@@ -214,6 +267,8 @@ int Speed() {
     dp.o_parts = ToDevice(std::vector<float>(16 * s.batch * s.num_q_heads * kHeadDim));
     dp.lse_parts = ToDevice(std::vector<float>(16 * s.batch * s.num_q_heads));
     const double bytes = 2.0 * pool * sizeof(__half);
+    const size_t out = s.batch * s.num_q_heads * kHeadDim, rows = s.batch * s.num_q_heads;
+    std::vector<double> first;  // o of the first configuration
     cudaEvent_t start, stop;
     CHECK(cudaEventCreate(&start));
     CHECK(cudaEventCreate(&stop));
@@ -230,21 +285,47 @@ int Speed() {
           float ms = 0;
           CHECK(cudaEventElapsedTime(&ms, start, stop));
           const double us = 1e3 * ms / kReps;
-          std::printf("L=%6lld %-8s splits=%2lld %-14s: %8.1f us  %.2f TB/s\n", (long long)length, LoadName(load),
-                      (long long)splits, cluster ? "cluster merge" : "partials", us, bytes / us * 1e-6);
+          // the result, merged on the host for partials (natural-log LSE, as Python does)
+          std::vector<double> got(out, 0.0);
+          if (splits == 1 || cluster) {
+            const auto o = ToHost(static_cast<__half*>(dp.o), out);
+            for (size_t i = 0; i < out; ++i) got[i] = __half2float(o[i]);
+          } else {
+            const auto parts = ToHost(dp.o_parts, splits * out), lse = ToHost(dp.lse_parts, splits * rows);
+            for (size_t row = 0; row < rows; ++row) {
+              double top = -INFINITY, total = 0;
+              for (int64_t p = 0; p < splits; ++p) top = std::max(top, double{lse[p * rows + row]});
+              for (int64_t p = 0; p < splits; ++p) {
+                const double w = std::exp(double{lse[p * rows + row]} - top);
+                total += w;
+                for (int d = 0; d < kHeadDim; ++d)
+                  got[row * kHeadDim + d] += w * parts[(p * rows + row) * kHeadDim + d];
+              }
+              for (int d = 0; d < kHeadDim; ++d) got[row * kHeadDim + d] /= total;
+            }
+          }
+          if (first.empty()) first = got;
+          double diff = 0;
+          for (size_t i = 0; i < out; ++i) diff = std::max(diff, std::fabs(got[i] - first[i]));
+          const bool ok = diff <= 2e-3;  // fp16 rounding of o; NaN fails
+          failures += !ok;
+          std::printf("L=%6lld %-8s splits=%2lld %-14s: %8.1f us  %.2f TB/s  max diff %.1e%s\n", (long long)length,
+                      LoadName(load), (long long)splits, cluster ? "cluster merge" : "partials", us, bytes / us * 1e-6,
+                      diff, ok ? "" : "  MISMATCH");
         }
     for (const void* p : {dp.q, dp.k_pages, dp.v_pages, (const void*)dp.block_table, (const void*)dp.lengths,
                           (const void*)dp.o, (const void*)dp.o_parts, (const void*)dp.lse_parts})
       CHECK(cudaFree(const_cast<void*>(p)));
   }
-  return 0;
+  std::printf(failures ? "FAILED\n" : "all configurations agree\n");
+  return failures;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "small") == 0) return Small() ? 1 : 0;
-  if (argc >= 2 && std::strcmp(argv[1], "speed") == 0) return Speed();
+  if (argc >= 2 && std::strcmp(argv[1], "speed") == 0) return Speed() ? 1 : 0;
   std::printf("usage: %s small|speed\n", argv[0]);
   return 2;
 }
