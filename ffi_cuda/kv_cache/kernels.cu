@@ -543,8 +543,14 @@ cudaError_t LaunchDecodeKernel(cudaStream_t stream, const DecodeArgs& args, cons
     PagedDecodeKernel<T, kHeadDim, kTma><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args, maps);
     return cudaGetLastError();
   }
-  if (args.splits < 2 || args.splits > kMaxKernelMergeSplits || !RunsSm90Code<T, kHeadDim, kTma>())
-    return cudaErrorNotSupported;
+  if (args.splits < 2 || args.splits > kMaxKernelMergeSplits) return cudaErrorNotSupported;
+  if (!RunsSm90Code<T, kHeadDim, kTma>()) {  // no clusters here: the same o from one split per row block
+    DecodeArgs one = args;
+    one.splits = 1, one.merge_in_cluster = false;
+    PagedDecodeKernel<T, kHeadDim, kTma>
+        <<<dim3(grid.x / args.splits, grid.y, grid.z), Tr::kThreads, Tr::kSmemBytes, stream>>>(one, maps);
+    return cudaGetLastError();
+  }
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = static_cast<unsigned>(args.splits);
@@ -558,6 +564,7 @@ cudaError_t LaunchDecodeKernel(cudaStream_t stream, const DecodeArgs& args, cons
   launch.attrs = &cluster;
   launch.numAttrs = 1;
   const cudaError_t err = cudaLaunchKernelEx(&launch, &PagedDecodeKernel<T, kHeadDim, kTma>, args, maps);
+  if (err != cudaSuccess) (void)cudaGetLastError();  // the error is returned, not left for the next launch to read
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 

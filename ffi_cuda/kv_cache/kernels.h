@@ -39,7 +39,7 @@ struct DecodeArgs {
   const void* v_pages = nullptr;
   const int32_t* block_table = nullptr;
   const int32_t* lengths = nullptr;
-  void* o = nullptr;           // splits == 1
+  void* o = nullptr;           // splits == 1 or merge_in_cluster
   float* o_parts = nullptr;    // splits > 1, unless merge_in_cluster
   float* lse_parts = nullptr;  // splits > 1, unless merge_in_cluster
   // splits in [2, kMaxKernelMergeSplits] merged inside the kernel: the splits of a row block run as one

@@ -41,8 +41,8 @@
 namespace jax_ops::kv_cache {
 
 inline constexpr int32_t kStatusOk = 0;
-inline constexpr int64_t kMaxKernelMergeSplits = 8;  // the CUDA cluster merge: the portable cluster size
 inline constexpr int32_t kStatusPastAllocatedPages = 1;
+inline constexpr int64_t kMaxKernelMergeSplits = 8;  // the CUDA cluster merge: the portable cluster size
 
 // Head dims of the CUDA decode kernel (f16 / bf16 pages); other inputs run the jnp path (Python says why).
 inline constexpr int64_t kCudaDecodeHeadDims[] = {64, 128, 256};

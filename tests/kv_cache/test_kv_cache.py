@@ -316,6 +316,8 @@ def test_kernel_option_knobs_are_checked():
     for bad in (dict(load="ldg"), dict(merge="python")):
         with kc.overrides(**bad), pytest.raises(ValueError, match="kv_cache (load|merge) must be"):
             kc.decode(q, cache, implementation="ffi")
-    with kc.overrides(splits=1, merge="kernel", load="tma"):  # one split: nothing to merge; the twin ignores tma
+    with kc.overrides(
+        splits=1, merge="kernel", load="tma"
+    ):  # one split: nothing to merge; the twin ignores tma
         out = kc.decode(q, cache, implementation="ffi")
     assert out.shape == q.shape and not np.any(np.asarray(out))
