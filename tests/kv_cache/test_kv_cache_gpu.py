@@ -58,6 +58,7 @@ CASES = [
 KERNEL_OPTIONS = {
     "default": {},
     "tma": dict(load="tma"),
+    "kernel-merge": dict(merge="kernel"),
     "tma-kernel-merge": dict(load="tma", merge="kernel"),
 }
 
