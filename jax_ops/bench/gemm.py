@@ -3,7 +3,9 @@ cuBLASLt) and, when importable, tokamax's fused gated_linear_unit (../shared/pee
 
 Each timed step feeds its whole output back as the loop carry (its first element, times zero, is added to the
 input), so nothing the kernel writes can be dropped and both sides pay the same tiny elementwise pass.
-Large shapes report TFLOP/s; decode shapes (M <= 64) TB/s of weight reads.
+Large shapes report TFLOP/s; decode shapes (M <= 64) TB/s of weight reads. Large shapes are also timed forward +
+backward (``mode`` "fwd+bwd": the gradients w.r.t. x and every weight, bias and residual; dx feeds the carry and
+every other gradient is consumed through a scalar; counted as 3x the forward FLOPs).
 """
 
 from __future__ import annotations
@@ -76,6 +78,17 @@ def _step(fn):
     return step
 
 
+def _grad_step(fn):
+    """Forward + backward of sum(fn): every gradient consumed (dx through the carry, the others as scalars)."""
+
+    def step(x, *weights):
+        argnums = tuple(range(1 + len(weights)))
+        dx, *others = jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)), argnums)(x, *weights)
+        return x + (1e-6 * (dx + sum(jnp.mean(g.astype(jnp.float32)) for g in others))).astype(x.dtype)
+
+    return step
+
+
 def _tokamax_glu():
     try:
         import peers  # the ../shared/peers wrappers, on PYTHONPATH on the GPU machine
@@ -116,13 +129,26 @@ def run(ctx) -> list[dict]:
                 rows.append(row)
                 continue
             times[impl] = t
-            row.update(time_us=t * 1e6, TFLOPs=flops / t / 1e12, rel_l2_err=rel_l2(out, ref))
+            row.update(mode="fwd", time_us=t * 1e6, TFLOPs=flops / t / 1e12, rel_l2_err=rel_l2(out, ref))
             if m <= 128:
                 row["weights_TBps"] = weight_bytes / t / 1e12
             rows.append(row)
+        if m > 128:  # forward + backward of the large shapes (the tokamax GLU's backward is XLA's: not timed)
+            for impl in ("jax_ops", "xla"):
+                row = {"case": name, "impl": impl, "mode": "fwd+bwd", "time_us": None}
+                try:
+                    t = time_loop(_grad_step(impls[impl]), x, *weights)
+                except Exception as e:  # noqa: BLE001
+                    row["note"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:90]}"
+                    rows.append(row)
+                    continue
+                times[impl + " fwd+bwd"] = t
+                row.update(time_us=t * 1e6, TFLOPs=3 * flops / t / 1e12)
+                rows.append(row)
         for row in rows:
-            if row["case"] == name and row.get("time_us") and "xla" in times:
-                row["vs_xla"] = times["xla"] / (row["time_us"] / 1e6)
+            key = "xla" + (" fwd+bwd" if row.get("mode") == "fwd+bwd" else "")
+            if row["case"] == name and row.get("time_us") and key in times:
+                row["vs_xla"] = times[key] / (row["time_us"] / 1e6)
         progress.step(name)
     return rows
 
