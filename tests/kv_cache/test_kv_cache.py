@@ -321,3 +321,21 @@ def test_kernel_option_knobs_are_checked():
     ):  # one split: nothing to merge; the twin ignores tma
         out = kc.decode(q, cache, implementation="ffi")
     assert out.shape == q.shape and not np.any(np.asarray(out))
+
+
+def test_split_rule(monkeypatch):
+    """The GPU split rule (one wave of 2 CTAs per SM on 132 SMs, >= 256 keys a split, at most 64 or, with the kernel
+    merge, its 8), evaluated as if on the H200."""
+    from jax_ops._src import dispatch
+    from jax_ops._src.kv_cache import heuristics
+
+    monkeypatch.setattr(dispatch, "platform", lambda: "gpu")
+    monkeypatch.setattr(dispatch, "sm_count", lambda: 132)
+    with kc.overrides(splits=None, merge="xla"):  # (the backend fixture may force them)
+        assert heuristics.splits(8, 8, 4, 8192) == 4  # 64 CTAs: 264 // 64
+        assert heuristics.splits(8, 8, 4, 512) == 2  # capped by 256 keys a split
+        assert heuristics.splits(1, 8, 4, 1 << 17) == 33
+        assert heuristics.splits(1, 1, 4, 1 << 20) == 64
+    with kc.overrides(splits=None, merge="kernel"):
+        assert heuristics.splits(1, 8, 4, 1 << 17) == 8
+        assert heuristics.splits(8, 8, 4, 8192) == 4

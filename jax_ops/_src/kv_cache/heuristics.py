@@ -10,7 +10,8 @@ from jax_ops._src.kv_cache.config import KNOBS
 
 # Split-KV: split each request's keys so that (16-row query blocks x kv heads x requests x splits) CTAs fill one
 # wave of CTAS_PER_SM per SM (all resident at once: no tail wave, one ramp), keeping >= SPLIT_MIN_KEYS of the
-# table's capacity per split (smaller splits cost more in the merge than they gain). The CPU twin runs one split
+# table's capacity per split (smaller splits cost more in the merge than they gain), and at most the kernel merge's
+# split count when it is asked for (merge="kernel": more splits would merge in XLA). The CPU twin runs one split
 # unless forced.
 CTAS_PER_SM = 2  # the decode kernel's occupancy (kernels.cu __launch_bounds__)
 SPLIT_MIN_KEYS = 256
@@ -28,7 +29,8 @@ def splits(batch: int, num_kv_heads: int, packed_rows: int, capacity: int) -> in
         return 1
     ctas = batch * num_kv_heads * -(-packed_rows // 16)
     want = CTAS_PER_SM * dispatch.sm_count() // max(ctas, 1)
-    return int(max(1, min(want, capacity // SPLIT_MIN_KEYS, MAX_SPLITS)))
+    most = int(_ffi.constants()["kv_cache_max_kernel_merge_splits"]) if KNOBS.merge == "kernel" else MAX_SPLITS
+    return int(max(1, min(want, capacity // SPLIT_MIN_KEYS, most)))
 
 
 def kernel_options(splits: int) -> dict:
