@@ -50,6 +50,13 @@ def _pad_to(x, axis: int, size: int, value=0):
     return jnp.pad(x, widths, constant_values=value)
 
 
+def _pad_broadcast(x, tp: int, sp: int, value):
+    """A rank-4 bias / mask (each dim 1 or full, [B, N, T, S]) with T and S padded to tp / sp where full."""
+    if x.shape[2] > 1:
+        x = _pad_to(x, 2, tp, value)
+    return _pad_to(x, 3, sp, value) if x.shape[3] > 1 else x
+
+
 def _tile(x, axis: int, start, size: int):
     """Rows [start, start + size) of a broadcastable operand along ``axis`` (kept whole where it has size 1)."""
     if x.shape[axis] == 1:
@@ -71,11 +78,8 @@ class _Problem:
         self.q = _pad_to(q.astype(self.f32), 1, tp).reshape(self.B, tp, self.K, self.G, self.D)
         self.k = _pad_to(k.astype(self.f32), 1, sp)
         self.v = _pad_to(v.astype(self.f32), 1, sp)
-        # bias / mask: rank 4, each dim 1 or full ([B, N, T, S]); T and S padded where full
-        self.bias = None if bias is None else _pad_to(_pad_to(bias, 2, tp if bias.shape[2] > 1 else 1), 3,
-                                                      sp if bias.shape[3] > 1 else 1)  # fmt: skip
-        self.mask = None if mask is None else _pad_to(_pad_to(mask, 2, tp if mask.shape[2] > 1 else 1, False), 3,
-                                                      sp if mask.shape[3] > 1 else 1, False)  # fmt: skip
+        self.bias = None if bias is None else _pad_broadcast(bias, tp, sp, 0)
+        self.mask = None if mask is None else _pad_broadcast(mask, tp, sp, False)
         self.qsl = qsl if cfg.has_q_seqlen else None
         self.kvsl = kvsl if cfg.has_kv_seqlen else None
 

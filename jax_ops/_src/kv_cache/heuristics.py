@@ -29,7 +29,9 @@ def splits(batch: int, num_kv_heads: int, packed_rows: int, capacity: int) -> in
         return 1
     ctas = batch * num_kv_heads * -(-packed_rows // 16)
     want = CTAS_PER_SM * dispatch.sm_count() // max(ctas, 1)
-    most = int(_ffi.constants()["kv_cache_max_kernel_merge_splits"]) if KNOBS.merge == "kernel" else MAX_SPLITS
+    most = (
+        int(_ffi.constants()["kv_cache_max_kernel_merge_splits"]) if KNOBS.merge == "kernel" else MAX_SPLITS
+    )
     return int(max(1, min(want, capacity // SPLIT_MIN_KEYS, most)))
 
 
