@@ -1,7 +1,7 @@
 // Standalone check and timing of the kv_cache kernels (no Python).
 //   kv_cache_bench small: for compute-sanitizer, appends into shuffled pages and decodes (fp16; D 64 and 128 with
-//     pages 16 and 5 on cp.async and 8, 16 and 128 on TMA, D 256 with pages 16 and 128 on both; GQA 4; one token
-//     and chunks of 5 (two query blocks); one split, three merged on the host, three merged in the kernel's
+//     pages 16 and 5 on cp.async and 8, 16, 64 and 128 on TMA, D 256 with pages 16 and 128 on both; GQA 4; one
+//     token and chunks of 5 (two query blocks); one split, three merged on the host, three merged in the kernel's
 //     cluster; lengths 0, 1 and one long enough to wrap the stage ring in every split) against a float64 host
 //     reference, with NaN in every pool row no request holds and every output poisoned first.
 //   kv_cache_bench speed: the decode kernel at B 8, Hq 32, Hkv 8, D 128, fp16, page 16, shuffled pages, L 1k / 8k /
@@ -220,10 +220,10 @@ int Small() {
   int failures = 0;
   // splits: 1, 3 merged on the host, 3 merged in the kernel's cluster
   const std::pair<int64_t, bool> split_modes[] = {{1, false}, {3, false}, {3, true}};
-  for (int64_t page : {16, 5, 8, 128})
+  for (int64_t page : {16, 5, 8, 64, 128})
     for (DecodeLoad load : {DecodeLoad::kCpAsync, DecodeLoad::kTma}) {
       if (load == DecodeLoad::kTma && page == 5) continue;  // TMA boxes need a power-of-two page >= 8
-      if (load == DecodeLoad::kCpAsync && (page == 8 || page == 128)) continue;
+      if (load == DecodeLoad::kCpAsync && (page == 8 || page == 64 || page == 128)) continue;
       for (int64_t tokens : {1, 5})  // 5: 20 packed rows, two row blocks (the cluster's block mapping)
         for (auto [splits, cluster] : split_modes) {
           failures += RunCase<64>({64, page, tokens, splits, load, cluster}, rng);
