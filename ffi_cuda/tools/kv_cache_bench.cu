@@ -77,6 +77,31 @@ const __half kNanHalf = __ushort_as_half(0x7e00);
 
 const char* LoadName(DecodeLoad load) { return load == DecodeLoad::kTma ? "tma" : "cp.async"; }
 
+// A decode's output `rows` x `head_dim` as doubles: o where the kernel wrote it (one split, or merged in the
+// cluster), else the partial outputs merged by their natural-log LSE as the Python side does (empty rows 0).
+std::vector<double> DecodeResult(const DecodeArgs& dp, size_t rows, int64_t head_dim) {
+  const size_t out = rows * head_dim;
+  std::vector<double> got(out, 0.0);
+  if (dp.splits == 1 || dp.merge_in_cluster) {
+    const auto o = ToHost(static_cast<const __half*>(dp.o), out);
+    for (size_t i = 0; i < out; ++i) got[i] = __half2float(o[i]);
+    return got;
+  }
+  const auto parts = ToHost(dp.o_parts, dp.splits * out), lse = ToHost(dp.lse_parts, dp.splits * rows);
+  for (size_t row = 0; row < rows; ++row) {
+    double top = -INFINITY, total = 0;
+    for (int64_t p = 0; p < dp.splits; ++p) top = std::max(top, double{lse[p * rows + row]});
+    if (top == -INFINITY) continue;
+    for (int64_t p = 0; p < dp.splits; ++p) {
+      const double w = std::exp(double{lse[p * rows + row]} - top);
+      total += w;
+      for (int64_t d = 0; d < head_dim; ++d) got[row * head_dim + d] += w * parts[(p * rows + row) * head_dim + d];
+    }
+    for (int64_t d = 0; d < head_dim; ++d) got[row * head_dim + d] /= total;
+  }
+  return got;
+}
+
 // Appends `tokens` per request, then decodes those chunks; returns the number of failed checks.
 template <int kHeadDim>
 int RunCase(const Case& c, std::mt19937& rng) {
@@ -158,25 +183,7 @@ int RunCase(const Case& c, std::mt19937& rng) {
   }
   CHECK(launched);
   CHECK(cudaDeviceSynchronize());
-  std::vector<double> got(out);
-  if (merged) {
-    const auto o = ToHost(static_cast<__half*>(dp.o), out);
-    for (size_t i = 0; i < out; ++i) got[i] = __half2float(o[i]);
-  } else {  // merge the splits by log-sum-exp, as the Python side does
-    const auto parts = ToHost(dp.o_parts, c.splits * out), lse = ToHost(dp.lse_parts, c.splits * B * T * Hq);
-    for (size_t row = 0; row < out / D; ++row) {
-      double top = -INFINITY, total = 0;
-      for (int64_t p = 0; p < c.splits; ++p) top = std::max(top, double{lse[p * (out / D) + row]});
-      for (int64_t d = 0; d < D; ++d) got[row * D + d] = 0;
-      if (top == -INFINITY) continue;
-      for (int64_t p = 0; p < c.splits; ++p) {
-        const double w = std::exp(double{lse[p * (out / D) + row]} - top);
-        total += w;
-        for (int64_t d = 0; d < D; ++d) got[row * D + d] += w * parts[(p * (out / D) + row) * D + d];
-      }
-      for (int64_t d = 0; d < D; ++d) got[row * D + d] /= total;
-    }
-  }
+  const std::vector<double> got = DecodeResult(dp, out / D, D);
   double max_err = 0;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t L = lengths[b] + T;
@@ -290,25 +297,7 @@ int Speed() {
           float ms = 0;
           CHECK(cudaEventElapsedTime(&ms, start, stop));
           const double us = 1e3 * ms / kReps;
-          // the result, merged on the host for partials (natural-log LSE, as Python does)
-          std::vector<double> got(out, 0.0);
-          if (splits == 1 || cluster) {
-            const auto o = ToHost(static_cast<__half*>(dp.o), out);
-            for (size_t i = 0; i < out; ++i) got[i] = __half2float(o[i]);
-          } else {
-            const auto parts = ToHost(dp.o_parts, splits * out), lse = ToHost(dp.lse_parts, splits * rows);
-            for (size_t row = 0; row < rows; ++row) {
-              double top = -INFINITY, total = 0;
-              for (int64_t p = 0; p < splits; ++p) top = std::max(top, double{lse[p * rows + row]});
-              for (int64_t p = 0; p < splits; ++p) {
-                const double w = std::exp(double{lse[p * rows + row]} - top);
-                total += w;
-                for (int d = 0; d < kHeadDim; ++d)
-                  got[row * kHeadDim + d] += w * parts[(p * rows + row) * kHeadDim + d];
-              }
-              for (int d = 0; d < kHeadDim; ++d) got[row * kHeadDim + d] /= total;
-            }
-          }
+          const std::vector<double> got = DecodeResult(dp, rows, kHeadDim);
           if (first.empty()) first = got;
           double diff = 0;
           for (size_t i = 0; i < out; ++i) diff = std::max(diff, std::fabs(got[i] - first[i]));
