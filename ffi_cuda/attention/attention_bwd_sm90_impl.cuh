@@ -737,24 +737,6 @@ __global__ void __launch_bounds__(384, 1)
 
 namespace hopper {
 
-// A launch configuration with thread-block clusters of (kCluster, 1, 1); *attr backs cfg.attrs (keep it alive).
-template <int kCluster>
-cudaLaunchConfig_t ClusterConfig(dim3 grid, int threads, int smem_bytes, cudaStream_t stream,
-                                 cudaLaunchAttribute* attr) {
-  attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = kCluster;
-  attr->val.clusterDim.y = 1;
-  attr->val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem_bytes;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cfg;
-}
-
 // The dK/dV launch: a plain one for kCluster = 1, else clusters of (kCluster, 1, 1) along the key blocks.
 template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster>
 cudaError_t LaunchDkDv(cudaStream_t stream, dim3 grid, const AttentionParams& p, const FwdPointers& ptr,
@@ -766,9 +748,8 @@ cudaError_t LaunchDkDv(cudaStream_t stream, dim3 grid, const AttentionParams& p,
     return cudaGetLastError();
   } else {
     grid.x *= kCluster;
-    cudaLaunchAttribute attr;
-    const cudaLaunchConfig_t cfg = ClusterConfig<kCluster>(grid, Tr::kThreads, Tr::kSmemBytes, stream, &attr);
-    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p, ptr, bp, maps);
+    const ClusterLaunch launch(grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, kCluster);
+    const cudaError_t err = cudaLaunchKernelEx(&launch.config, kernel, p, ptr, bp, maps);
     return err != cudaSuccess ? err : cudaGetLastError();
   }
 }
@@ -787,11 +768,9 @@ int DkDvActiveClusters() {
     cudaGetLastError();  // not sticky; clear it
     return -1;
   }
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg =
-      ClusterConfig<kCluster>(dim3(kCluster * std::max(sms, 1)), Tr::kThreads, Tr::kSmemBytes, nullptr, &attr);
+  const ClusterLaunch launch(dim3(kCluster * std::max(sms, 1)), dim3(Tr::kThreads), Tr::kSmemBytes, nullptr, kCluster);
   int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) != cudaSuccess) {
     cudaGetLastError();
     return -1;
   }
@@ -843,16 +822,11 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
         Dq::kSmemBytes);
   if (attr_status != cudaSuccess) return attr_status;
   // A build without sm_90a machine code would run the empty (non-sm90a) bodies: refuse instead of returning garbage.
-  static const bool sm90_code = [] {
-    cudaFuncAttributes a{}, c{};
-    return cudaFuncGetAttributes(&a,
-                                 hopper::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>) ==
-               cudaSuccess &&
-           a.binaryVersion == 90 &&
-           cudaFuncGetAttributes(&c, hopper::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>) ==
-               cudaSuccess &&
-           c.binaryVersion == 90;
-  }();
+  static const bool sm90_code =
+      KernelBinaryVersion(reinterpret_cast<const void*>(
+          &hopper::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>)) == 90 &&
+      KernelBinaryVersion(
+          reinterpret_cast<const void*>(&hopper::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>)) == 90;
   if (!sm90_code) return kSm90Refused;
   if constexpr (kDkDvCluster > 1) {
     if (!hopper::DkDvClustersFit<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>()) return kSm90Refused;

@@ -475,10 +475,7 @@ cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p
   const cudaError_t attr_status = SetDynamicSmemOnce(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
   if (attr_status != cudaSuccess) return attr_status;
   // A build without sm_90a machine code would run the empty (non-sm90a) body: refuse instead of returning garbage.
-  static const int binary_version = [kernel] {
-    cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.binaryVersion : 0;
-  }();
+  static const int binary_version = KernelBinaryVersion(reinterpret_cast<const void*>(kernel));
   if (binary_version != 90) return kSm90Refused;
   hopper::TensorMaps maps;
   if (!sm90::EncodeMap<T>(&maps.q, ptr.q, p.batch, p.seqlen_q, p.num_heads, kHeadDim, Tr::kBlockM) ||

@@ -73,4 +73,36 @@ inline cudaError_t SetDynamicSmemOnce(const void* kernel, int bytes, bool max_sh
   return err;
 }
 
+// The architecture of the machine code the current device runs for `kernel` (90 for sm_90a), 0 when the query
+// fails. A build without a target's code gives the kernel an empty body there, so sm_90a-only kernels ask first.
+inline int KernelBinaryVersion(const void* kernel) {
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky; clear it
+    return 0;
+  }
+  return attr.binaryVersion;
+}
+
+// A launch configuration with thread-block clusters of (cluster_x, 1, 1) for cudaLaunchKernelEx and the occupancy
+// queries. `config` points at `attr`, so the object is neither copied nor moved.
+struct ClusterLaunch {
+  cudaLaunchAttribute attr{};
+  cudaLaunchConfig_t config{};
+  ClusterLaunch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, unsigned cluster_x) {
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = cluster_x;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem_bytes;
+    config.stream = stream;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 }  // namespace jax_ops

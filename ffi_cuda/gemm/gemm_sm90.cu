@@ -25,12 +25,8 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 // Whether this binary carries sm_90a code for the kernels (a build for other targets has empty bodies).
 bool HasSm90Image() {
-  static const bool has = [] {
-    cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, GemmSm90Kernel<__nv_bfloat16, __nv_bfloat16, false, WgmmaB::kMNMajor>) ==
-               cudaSuccess &&
-           attr.binaryVersion >= 90;
-  }();
+  static const bool has = KernelBinaryVersion(reinterpret_cast<const void*>(
+                              &GemmSm90Kernel<__nv_bfloat16, __nv_bfloat16, false, WgmmaB::kMNMajor>)) >= 90;
   return has;
 }
 

@@ -393,15 +393,12 @@ Fit QueryFit(Kernel kernel) {
   const auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   Fit fit;
-  cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
-    cudaGetLastError();
-    return {};
-  }
+  const int binary_version = KernelBinaryVersion(reinterpret_cast<const void*>(kernel));
+  if (binary_version == 0) return {};
   const int min_binary = sizeof(TW) == 1 ? 89 : 80;
-  const bool clusters = attr.binaryVersion >= 90 && cc_major >= 9;
+  const bool clusters = binary_version >= 90 && cc_major >= 9;
   fit.smem_bytes = SlotBytes<TW, kMT>() + (clusters ? RecvBytes<TW, kMT>() : 0);
-  if (attr.binaryVersion < min_binary ||
+  if (binary_version < min_binary ||
       SetDynamicSmemOnce(reinterpret_cast<const void*>(kernel), fit.smem_bytes) != cudaSuccess ||
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit.ctas_per_sm, kernel, kThreads, fit.smem_bytes) !=
           cudaSuccess) {
@@ -409,19 +406,9 @@ Fit QueryFit(Kernel kernel) {
     fit.ctas_per_sm = 0;
   }
   for (int s = 2; clusters && fit.ctas_per_sm > 0 && s <= kSkinnyMaxSplit; s *= 2) {
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = s;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(s * 64);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = fit.smem_bytes;
-    cfg.attrs = &cluster;
-    cfg.numAttrs = 1;
+    const ClusterLaunch launch(dim3(s * 64), dim3(kThreads), fit.smem_bytes, nullptr, s);
     int active = 0;
-    if (cudaOccupancyMaxActiveClusters(&active, kernel, &cfg) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&active, kernel, &launch.config) != cudaSuccess) {
       cudaGetLastError();
       break;
     }
@@ -463,19 +450,8 @@ cudaError_t Launch(const KernelArgs& p, int num_sms, int forced_split, cudaStrea
     kernel<<<grid, kThreads, fit.smem_bytes, stream>>>(p, cfg);
     return cudaGetLastError();
   }
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = cfg.split;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  cudaLaunchConfig_t launch{};
-  launch.gridDim = grid;
-  launch.blockDim = dim3(kThreads);
-  launch.dynamicSmemBytes = fit.smem_bytes;
-  launch.stream = stream;
-  launch.attrs = &cluster;
-  launch.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&launch, kernel, p, cfg);
+  const ClusterLaunch launch(grid, dim3(kThreads), fit.smem_bytes, stream, static_cast<unsigned>(cfg.split));
+  const cudaError_t err = cudaLaunchKernelEx(&launch.config, kernel, p, cfg);
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 

@@ -479,14 +479,21 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2)
     best = fmaxf(best, x);
   }
   const float shift = best == -INFINITY ? 0.f : best;
+  float split_weight[kMaxKernelMergeSplits];  // unrolled below, so the weights stay in registers
   float weights_total = 0.f;
-  for (int sp = 0; sp < a.splits; ++sp) weights_total += exp2f(slot_lse[sp * Tr::kRows + r] - shift);
+#pragma unroll
+  for (int sp = 0; sp < kMaxKernelMergeSplits; ++sp) {
+    split_weight[sp] = sp < a.splits ? exp2f(slot_lse[sp * Tr::kRows + r] - shift) : 0.f;
+    weights_total += split_weight[sp];
+  }
   const float inv = nan ? NAN : weights_total == 0.f ? 0.f : 1.f / weights_total;
 #pragma unroll
   for (int j = 0; j < kColSteps; ++j) {
     float4 x4 = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int sp = 0; sp < a.splits; ++sp) {
-      const float w = exp2f(slot_lse[sp * Tr::kRows + r] - shift);
+#pragma unroll
+    for (int sp = 0; sp < kMaxKernelMergeSplits; ++sp) {
+      if (sp >= a.splits) break;
+      const float w = split_weight[sp];
       const float4 x =
           *reinterpret_cast<const float4*>(slot_o + (sp * Tr::kRows + r) * Tr::kSlotPitch + col0 + j * 4 * kRowThreads);
       x4.x += w * x.x, x4.y += w * x.y, x4.z += w * x.z, x4.w += w * x.w;
@@ -512,13 +519,8 @@ namespace {
 // cluster primitives.
 template <typename T, int kHeadDim, bool kTma>
 bool RunsSm90Code() {
-  static const int binary_version = [] {
-    cudaFuncAttributes attr{};
-    return cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(&PagedDecodeKernel<T, kHeadDim, kTma>)) ==
-                   cudaSuccess
-               ? attr.binaryVersion
-               : 0;
-  }();
+  static const int binary_version =
+      KernelBinaryVersion(reinterpret_cast<const void*>(&PagedDecodeKernel<T, kHeadDim, kTma>));
   return binary_version == 90;
 }
 
@@ -536,8 +538,9 @@ bool EncodePageMaps(const DecodeArgs& a, PageMaps& maps) {
 template <typename T, int kHeadDim, bool kTma>
 cudaError_t LaunchDecodeKernel(cudaStream_t stream, const DecodeArgs& args, const PageMaps& maps, dim3 grid) {
   using Tr = DecodeTraits<kHeadDim>;
-  const cudaError_t attr =
-      SetDynamicSmemOnce(reinterpret_cast<const void*>(&PagedDecodeKernel<T, kHeadDim, kTma>), Tr::kSmemBytes);
+  // The largest carveout: two CTAs per SM need ~200 KB, and a cluster launch does not pick it by itself.
+  const cudaError_t attr = SetDynamicSmemOnce(reinterpret_cast<const void*>(&PagedDecodeKernel<T, kHeadDim, kTma>),
+                                              Tr::kSmemBytes, /*max_shared_carveout=*/true);
   if (attr != cudaSuccess) return attr;
   if (!args.merge_in_cluster) {
     PagedDecodeKernel<T, kHeadDim, kTma><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args, maps);
@@ -551,19 +554,8 @@ cudaError_t LaunchDecodeKernel(cudaStream_t stream, const DecodeArgs& args, cons
         <<<dim3(grid.x / args.splits, grid.y, grid.z), Tr::kThreads, Tr::kSmemBytes, stream>>>(one, maps);
     return cudaGetLastError();
   }
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = static_cast<unsigned>(args.splits);
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  cudaLaunchConfig_t launch{};
-  launch.gridDim = grid;
-  launch.blockDim = dim3(Tr::kThreads);
-  launch.dynamicSmemBytes = Tr::kSmemBytes;
-  launch.stream = stream;
-  launch.attrs = &cluster;
-  launch.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&launch, &PagedDecodeKernel<T, kHeadDim, kTma>, args, maps);
+  const ClusterLaunch launch(grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, static_cast<unsigned>(args.splits));
+  const cudaError_t err = cudaLaunchKernelEx(&launch.config, &PagedDecodeKernel<T, kHeadDim, kTma>, args, maps);
   if (err != cudaSuccess) (void)cudaGetLastError();  // the error is returned, not left for the next launch to read
   return err != cudaSuccess ? err : cudaGetLastError();
 }

@@ -311,6 +311,20 @@ int Speed() {
                           (const void*)dp.o, (const void*)dp.o_parts, (const void*)dp.lse_parts})
       CHECK(cudaFree(const_cast<void*>(p)));
   }
+  // How many CTAs per SM and clusters per GPU the launches above had (a cluster merge slower than its partials at the
+  // same splits points here first).
+  using Tr = DecodeTraits<kHeadDim>;
+  const void* kernel = reinterpret_cast<const void*>(&PagedDecodeKernel<__half, kHeadDim, false>);
+  int ctas_per_sm = 0;
+  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, kernel, Tr::kThreads, Tr::kSmemBytes));
+  std::printf("occupancy: %d CTAs per SM, clusters per GPU:", ctas_per_sm);
+  for (unsigned splits = 2; splits <= kMaxKernelMergeSplits; splits *= 2) {
+    const jax_ops::ClusterLaunch launch(dim3(splits * 64), dim3(Tr::kThreads), Tr::kSmemBytes, nullptr, splits);
+    int clusters = 0;
+    CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config));
+    std::printf(" %u x %d", splits, clusters);
+  }
+  std::printf("\n");
   std::printf(failures ? "FAILED\n" : "all configurations agree\n");
   return failures;
 }
