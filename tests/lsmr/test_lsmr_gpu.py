@@ -129,11 +129,22 @@ def test_gpu_kernel_iteration_agrees_with_step(x64):
     # 1e-8 as GPU vs CPU: "step" itself moves by ~2e-10 between runs on the GPU (XLA's reductions are not
     # deterministic there); the fused iteration repeats bitwise (below).
     assert rel_err(out.x, ref.x) <= 1e-8
-    # The estimates with test_lsmr.py's bounds against SciPy: normx 1e-8; norma/conda accumulate the late
-    # alpha/beta, which follow rounding once x has converged (1e-3, 1e-2); normr/normar are differences of nearly
-    # equal quantities at convergence (1e-4).
-    for f, rel in (("normx", 1e-8), ("norma", 1e-3), ("conda", 1e-2), ("normr", 1e-4), ("normar", 1e-4)):
+    # normx to 1e-8; normr/normar are differences of nearly equal quantities at convergence (1e-4).
+    for f, rel in (("normx", 1e-8), ("normr", 1e-4), ("normar", 1e-4)):
         assert abs(float(getattr(out, f)) - float(getattr(ref, f))) <= rel * abs(float(getattr(ref, f))), f
+    # norma/conda accumulate the late alpha/beta and rbar, which follow rounding: bound them by twice SciPy's own
+    # spread over row-permuted copies of the problem (the summation order alone moves conda by ~10% here).
+    full = scipy_lsmr(a, b, atol=1e-8, btol=1e-8)
+    spread = {"norma": 0.0, "conda": 0.0}
+    for seed in range(4):
+        perm = np.random.default_rng(10 + seed).permutation(a.shape[0])
+        permuted = scipy_lsmr(a[perm], b[perm], atol=1e-8, btol=1e-8)
+        spread["norma"] = max(spread["norma"], abs(permuted[5] - full[5]))
+        spread["conda"] = max(spread["conda"], abs(permuted[6] - full[6]))
+    for f, bound in spread.items():
+        assert abs(float(getattr(out, f)) - float(getattr(ref, f))) <= 2 * bound + 1e-8 * abs(
+            float(getattr(ref, f))
+        ), f
     # Deterministic: the same solve again gave the same bits (fixed-order reductions in every kernel).
     for f in out._fields:
         np.testing.assert_array_equal(np.asarray(getattr(again, f)), np.asarray(getattr(out, f)), err_msg=f)
