@@ -21,7 +21,7 @@ import numpy as np
 
 from jax_ops import _ffi, attention
 from jax_ops._src.attention.heuristics import FWD_TARGET
-from jax_ops.bench.harness import compiled_temp_bytes, rel_l2, time_loop
+from jax_ops.bench.harness import compiled_temp_bytes, import_peers, rel_l2, time_loop
 
 XLA_TEMP_LIMIT = 20 * 2**30
 
@@ -104,9 +104,10 @@ def _peer_fns(c) -> dict:
     """{name: f(q, k, v, bias, mask, kv_lengths)} of the peers that import (GPU only): tokamax's Mosaic GPU
     kernel and FlashAttention-3 (no bias or mask)."""
     fns = {}
+    peers = import_peers()
+    if peers is None:
+        return fns
     try:
-        import peers  # the ../shared/peers wrappers, on PYTHONPATH on the GPU machine
-
         tokamax = peers._tokamax()[0]
 
         def tk(q, k, v, bias, mask, kvl):

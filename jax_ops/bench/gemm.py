@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 import jax_ops
-from jax_ops.bench.harness import rel_l2, time_loop
+from jax_ops.bench.harness import import_peers, rel_l2, time_loop
 
 # (M, N, K): LLM projections and decode steps (M tokens, weights K x N).
 LARGE = [(8192, 8192, 8192), (4096, 11008, 4096), (4096, 4096, 11008), (16384, 4096, 4096)]
@@ -90,9 +90,10 @@ def _grad_step(fn):
 
 
 def _tokamax_glu():
+    peers = import_peers()
+    if peers is None:
+        return None
     try:
-        import peers  # the ../shared/peers wrappers, on PYTHONPATH on the GPU machine
-
         return peers.tokamax_glu("mosaic", fused=True)
     except Exception:  # noqa: BLE001 - every peer is optional
         return None

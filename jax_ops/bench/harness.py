@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import json
+import logging
 import math
 import statistics
 import sys
@@ -20,6 +22,17 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+def import_peers():
+    """The ../shared/peers wrappers (tokamax, FlashAttention-3) when they import (PYTHONPATH on the GPU machine),
+    else None. tokamax logs one absl warning per autotuning-cache miss, which would bury the tables: quieted."""
+    try:
+        peers = importlib.import_module("peers")
+    except Exception:  # noqa: BLE001 - every peer is optional
+        return None
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    return peers
 
 
 def time_loop(
