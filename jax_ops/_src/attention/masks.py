@@ -1,0 +1,76 @@
+"""Boolean masks that are really sequence lengths (and causality), routed to the kernels' length path.
+
+A mask of shape ``[B or 1, 1, T or 1, S]`` (one pattern for every head) often only pads: keys ``s >= Lk[b]``
+masked (a key-padding mask), rows ``t >= Lq[b]`` masked (query padding), and possibly causal (``s <= t``, as
+flax's ``make_attention_mask & make_causal_mask`` build). The kernels run those as lengths and ``is_causal``
+without reading a mask element, while a general mask is read per element by the portable kernels. Which form a
+mask has is known only from its values, so each call checks it on the device (one pass over the mask) and a
+``lax.switch`` runs the length path when the mask equals it exactly, else the mask path: the two give the same
+attention (the same allowed keys), so the choice never changes a result beyond rounding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from jax_ops._src.attention.validation import Config
+
+
+def mask_as_lengths(mask: jax.Array, batch: int):
+    """For a ``[B', 1, T', S]`` bool mask: ``(lq, lk, forms)`` where ``lq``/``lk`` are int32 ``[batch]`` (the rows
+    and keys with any allowed entry; ``lq`` is None when ``T' == 1``) and ``forms`` the bool scalars
+    ``(mask == padding by lq/lk, mask == that padding & causal)`` (the second only when ``T' == T``, else None)."""
+    _, _, rows, keys = mask.shape
+    m = mask[:, 0]  # [B', T', S]
+    lk = jnp.sum(jnp.any(m, axis=1), axis=-1, dtype=jnp.int32)  # keys any row may see: a prefix if padding
+    s = jnp.arange(keys)
+    padding = s[None, None, :] < lk[:, None, None]
+    lq = None
+    if rows > 1:
+        lq = jnp.sum(jnp.any(m, axis=2), axis=-1, dtype=jnp.int32)
+        padding = padding & (jnp.arange(rows)[None, :, None] < lq[:, None, None])
+    is_padding = jnp.all(m == padding)
+    is_causal = None
+    if rows > 1 and rows == mask.shape[2]:
+        is_causal = jnp.all(m == (padding & (s[None, :] <= jnp.arange(rows)[:, None])[None]))
+    widen = lambda x: None if x is None else jnp.broadcast_to(x, (batch,))  # noqa: E731
+    return widen(lq), widen(lk), (is_padding, is_causal)
+
+
+def _min(a, b):
+    return b if a is None else a if b is None else jnp.minimum(a, b)
+
+
+def mask_branches(attention, cfg: Config, q, k, v, bias, mask, qsl, kvsl):
+    """``(index, branches)`` for ``lax.switch``: branch 0 runs ``attention`` with the mask, the others with the
+    lengths (and ``is_causal``) the mask equals; None when the mask is not head-broadcast (or absent)."""
+    if mask is None or mask.shape[1] != 1 or mask.shape[2] not in (1, q.shape[1]):
+        return None
+    lq, lk, (is_padding, is_causal) = mask_as_lengths(mask, q.shape[0])
+    qsl2, kvsl2 = _min(qsl, lq), _min(kvsl, lk)
+    lengths = dataclasses.replace(cfg, has_mask=False, has_q_seqlen=qsl2 is not None, has_kv_seqlen=True)
+    branches = [
+        lambda: attention(cfg, q, k, v, bias, mask, qsl, kvsl),
+        lambda: attention(lengths, q, k, v, bias, None, qsl2, kvsl2),
+    ]
+    if is_causal is None:
+        index = is_padding.astype(jnp.int32)
+    elif cfg.is_causal:  # causal & (causal & padding) = causal & padding: the lengths branch as it is
+        index = (is_padding | is_causal).astype(jnp.int32)
+    else:
+        causal = dataclasses.replace(lengths, is_causal=True)
+        branches.append(lambda: attention(causal, q, k, v, bias, None, qsl2, kvsl2))
+        index = jnp.where(is_padding, 1, jnp.where(is_causal, 2, 0))
+    return index, branches
+
+
+def attention_with_mask_as_lengths(attention, cfg: Config, q, k, v, bias, mask, qsl, kvsl):
+    """``attention(cfg, q, k, v, bias, mask, qsl, kvsl)`` with a head-broadcast mask run as lengths (and
+    ``is_causal``) when its values say so (module docstring), else as the mask."""
+    switch = mask_branches(attention, cfg, q, k, v, bias, mask, qsl, kvsl)
+    if switch is None:
+        return attention(cfg, q, k, v, bias, mask, qsl, kvsl)
+    return jax.lax.switch(*switch)
