@@ -447,32 +447,9 @@ bool CheckAll(bool small = false) {
 // Median time of a launch, repeated so that each timed batch lasts >= 40 ms.
 template <typename F>
 double TimeMs(F&& launch) {
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  CHECK(launch());
-  CHECK(cudaEventRecord(e0));
-  CHECK(launch());
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
-  float first;
-  CHECK(cudaEventElapsedTime(&first, e0, e1));
+  const float first = jax_ops::tools::RoundTimesMs(launch, 1, 1, 1)[0];
   const int reps = std::max(1, std::min(200, static_cast<int>(40.f / std::max(first, 1e-3f))));
-  std::vector<float> ts;
-  for (int r = 0; r < 3; ++r) {
-    CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < reps; ++i) launch();
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    ts.push_back(ms / reps);
-  }
-  CHECK(cudaGetLastError());
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  std::sort(ts.begin(), ts.end());
-  return ts[1];
+  return jax_ops::tools::Median(jax_ops::tools::RoundTimesMs(launch, 0, 3, reps));
 }
 
 // GQA H=32/K=8 and H=32/K=4: J = 1 vs the dK/dV cluster, whole backward and the dK/dV kernel alone.

@@ -199,24 +199,11 @@ double TimeMs(const Case& c, bool hopper) {
   AttentionParams p = MakeParams<T>(c);
   Buffers b = Alloc(c, 99, /*host_copy=*/false);
   const FwdPointers ptr = Ptrs(b);
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) CHECK(LaunchAny(hopper, p, ptr));
-  std::vector<float> ts;
   const int reps = c.T <= 2048 ? 50 : 10;
-  for (int r = 0; r < 5; ++r) {
-    CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < reps; ++i) LaunchAny(hopper, p, ptr);
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    ts.push_back(ms / reps);
-  }
-  std::sort(ts.begin(), ts.end());
+  const double ms =
+      jax_ops::tools::Median(jax_ops::tools::RoundTimesMs([&] { return LaunchAny(hopper, p, ptr); }, 3, 5, reps));
   Free(b);
-  return ts[ts.size() / 2];
+  return ms;
 }
 
 int main(int argc, char** argv) {

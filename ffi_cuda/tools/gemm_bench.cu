@@ -727,25 +727,7 @@ std::vector<double> DownloadValues(DT dt, const void* x, int64_t n) {
 
 template <typename F>
 double MedianUs(F&& launch, int inner) {
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  for (int i = 0; i < 3; ++i) launch(i);
-  CHECK(cudaDeviceSynchronize());
-  std::vector<float> t;
-  for (int r = 0; r < 7; ++r) {
-    CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < inner; ++i) launch(i);
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    t.push_back(ms * 1e3f / inner);
-  }
-  CHECK(cudaEventDestroy(e0));
-  CHECK(cudaEventDestroy(e1));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return 1e3 * jax_ops::tools::Median(jax_ops::tools::RoundTimesMs(launch, 3, 7, inner));
 }
 
 // Copy bandwidth (read + write bytes per second of a device-to-device copy of `bytes`), in TB/s.

@@ -277,9 +277,6 @@ int Speed() {
     const double bytes = 2.0 * pool * sizeof(__half);
     const size_t out = s.batch * s.num_q_heads * kHeadDim, rows = s.batch * s.num_q_heads;
     std::vector<double> first;  // o of the first configuration
-    cudaEvent_t start, stop;
-    CHECK(cudaEventCreate(&start));
-    CHECK(cudaEventCreate(&stop));
     for (DecodeLoad load : {DecodeLoad::kCpAsync, DecodeLoad::kTma})
       for (int64_t splits : {1, 2, 4, 8, 16})
         for (bool cluster : {false, true}) {
@@ -289,14 +286,8 @@ int Speed() {
           CHECK(cudaMemset(dp.o, 0xFF, out * sizeof(__half)));
           CHECK(cudaMemset(dp.o_parts, 0xFF, 16 * out * sizeof(float)));
           CHECK(cudaMemset(dp.lse_parts, 0xFF, 16 * rows * sizeof(float)));
-          for (int i = 0; i < 3; ++i) CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp)));
-          CHECK(cudaEventRecord(start));
-          for (int i = 0; i < kReps; ++i) CHECK((LaunchDecode<__half, kHeadDim>(nullptr, dp)));
-          CHECK(cudaEventRecord(stop));
-          CHECK(cudaEventSynchronize(stop));
-          float ms = 0;
-          CHECK(cudaEventElapsedTime(&ms, start, stop));
-          const double us = 1e3 * ms / kReps;
+          const double us = 1e3 * jax_ops::tools::Median(jax_ops::tools::RoundTimesMs(
+                                      [&] { return LaunchDecode<__half, kHeadDim>(nullptr, dp); }, 3, 1, kReps));
           const std::vector<double> got = DecodeResult(dp, rows, kHeadDim);
           if (first.empty()) first = got;
           double diff = 0;

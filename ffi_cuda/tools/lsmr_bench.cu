@@ -23,23 +23,8 @@ __global__ void CopyKernel(const float4* __restrict__ in, float4* __restrict__ o
 }
 
 template <typename F>
-float MedianMs(F&& launch, int reps = 21) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) launch();
-  std::vector<float> t;
-  for (int r = 0; r < reps; ++r) {
-    CHECK(cudaEventRecord(a));
-    for (int i = 0; i < 10; ++i) launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms / 10);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+float MedianMs(F&& launch, int rounds = 21) {
+  return jax_ops::tools::Median(jax_ops::tools::RoundTimesMs(launch, 3, rounds, 10));
 }
 
 int main() {

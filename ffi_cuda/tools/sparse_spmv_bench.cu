@@ -266,24 +266,7 @@ static double MedianUs(F&& launch, int reps) {
     CHECK(cudaDeviceSynchronize());
     return 1.0;
   }
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) launch();
-  std::vector<float> t;
-  for (int r = 0; r < 7; ++r) {
-    CHECK(cudaEventRecord(a));
-    for (int i = 0; i < reps; ++i) launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1e3f / reps);
-  }
-  CHECK(cudaGetLastError());
-  cudaEventDestroy(a), cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return 1e3 * jax_ops::tools::Median(jax_ops::tools::RoundTimesMs(launch, 3, 7, reps));
 }
 
 __global__ void CopyKernel(const float4* __restrict__ in, float4* __restrict__ out, int64_t n) {
