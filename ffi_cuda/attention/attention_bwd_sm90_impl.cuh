@@ -55,7 +55,7 @@ using jax_ops::sm90::NamedBarrier, jax_ops::sm90::NamedBarrierArrive, jax_ops::s
     jax_ops::sm90::ClusterArriveRelaxed, jax_ops::sm90::ClusterWait, jax_ops::sm90::MapSharedRank,
     jax_ops::sm90::StSharedClusterV4, jax_ops::sm90::LdSharedV4, jax_ops::sm90::MbarInit,
     jax_ops::sm90::FenceBarrierInit, jax_ops::sm90::MbarArriveExpectTx, jax_ops::sm90::MbarArrive,
-    jax_ops::sm90::MbarWait, jax_ops::sm90::TmaLoad4d, jax_ops::sm90::PrefetchTensorMap, jax_ops::sm90::EncodeMap,
+    jax_ops::sm90::MbarWait, jax_ops::sm90::TmaLoadPanels, jax_ops::sm90::PrefetchTensorMap, jax_ops::sm90::EncodeMap,
     jax_ops::sm90::SmemDesc, jax_ops::sm90::WgmmaFence, jax_ops::sm90::WgmmaCommit, jax_ops::sm90::WgmmaWait,
     jax_ops::sm90::FenceRegs, jax_ops::sm90::RegAlloc, jax_ops::sm90::RegDealloc, jax_ops::sm90::Wgmma,
     jax_ops::sm90::WgmmaA;
@@ -271,24 +271,16 @@ __global__ void __launch_bounds__(384, 1)
       PrefetchTensorMap(&maps.q);
       PrefetchTensorMap(&maps.d_o);
       MbarArriveExpectTx(kv_full, 2 * Tr::kKvBytes);
-      for (int pn = 0; pn < Tr::kPanels; ++pn) {
-        TmaLoad4d(sK + pn * Tr::kKvPanelBytes, &maps.k, kv_full, pn * 64, static_cast<int>(kh), static_cast<int>(s0),
-                  static_cast<int>(b));
-        TmaLoad4d(sV + pn * Tr::kKvPanelBytes, &maps.v, kv_full, pn * 64, static_cast<int>(kh), static_cast<int>(s0),
-                  static_cast<int>(b));
-      }
+      TmaLoadPanels<Tr::kPanels, Tr::kKvPanelBytes>({sK, sV}, {&maps.k, &maps.v}, kv_full, static_cast<int>(kh),
+                                                    static_cast<int>(s0), static_cast<int>(b));
       for (int j = 0; j < iters; ++j) {
         const int stage = j % kStages;
         if (j >= kStages) MbarWait(q_empty + stage, ((j / kStages) - 1) & 1);
         const int n = head0 + j / tiles;
         const int t0 = (tile_lo + j % tiles) * kBM;
         MbarArriveExpectTx(q_full + stage, 2 * Tr::kQBytes);
-        for (int pn = 0; pn < Tr::kPanels; ++pn) {
-          TmaLoad4d(sQ + stage * Tr::kQBytes + pn * Tr::kQPanelBytes, &maps.q, q_full + stage, pn * 64, n, t0,
-                    static_cast<int>(b));
-          TmaLoad4d(sDo + stage * Tr::kQBytes + pn * Tr::kQPanelBytes, &maps.d_o, q_full + stage, pn * 64, n, t0,
-                    static_cast<int>(b));
-        }
+        TmaLoadPanels<Tr::kPanels, Tr::kQPanelBytes>({sQ + stage * Tr::kQBytes, sDo + stage * Tr::kQBytes},
+                                                     {&maps.q, &maps.d_o}, q_full + stage, n, t0, static_cast<int>(b));
       }
     } else if (warp == 1 && iters > 0) {
       // lse2 and delta of each stage's 64 queries (rows past T: P = 0, delta = 0). Plain loads: lse has no
@@ -561,24 +553,18 @@ __global__ void __launch_bounds__(384, 1)
       PrefetchTensorMap(&maps.k);
       PrefetchTensorMap(&maps.v);
       MbarArriveExpectTx(q_full, 2 * Tr::kQBytes);
-      for (int pn = 0; pn < Tr::kPanels; ++pn) {
-        TmaLoad4d(sQ + pn * Tr::kQPanelBytes, &maps.q, q_full, pn * 64, static_cast<int>(n), static_cast<int>(m0),
-                  static_cast<int>(b));
-        TmaLoad4d(sDo + pn * Tr::kQPanelBytes, &maps.d_o, q_full, pn * 64, static_cast<int>(n), static_cast<int>(m0),
-                  static_cast<int>(b));
-      }
+      TmaLoadPanels<Tr::kPanels, Tr::kQPanelBytes>({sQ, sDo}, {&maps.q, &maps.d_o}, q_full, static_cast<int>(n),
+                                                   static_cast<int>(m0), static_cast<int>(b));
       for (int j = 0; j < num_tiles; ++j) {
         const int stage = j % kStages;
         if (j >= kStages) MbarWait(kv_empty + stage, ((j / kStages) - 1) & 1);
         const int s0 = (tile_lo + j) * kBN;
         MbarArriveExpectTx(k_full + stage, Tr::kKvBytes);
-        for (int pn = 0; pn < Tr::kPanels; ++pn)
-          TmaLoad4d(sK + stage * Tr::kKvBytes + pn * Tr::kKvPanelBytes, &maps.k, k_full + stage, pn * 64,
-                    static_cast<int>(kh), s0, static_cast<int>(b));
+        TmaLoadPanels<Tr::kPanels, Tr::kKvPanelBytes>({sK + stage * Tr::kKvBytes}, {&maps.k}, k_full + stage,
+                                                      static_cast<int>(kh), s0, static_cast<int>(b));
         MbarArriveExpectTx(v_full + stage, Tr::kKvBytes);
-        for (int pn = 0; pn < Tr::kPanels; ++pn)
-          TmaLoad4d(sV + stage * Tr::kKvBytes + pn * Tr::kKvPanelBytes, &maps.v, v_full + stage, pn * 64,
-                    static_cast<int>(kh), s0, static_cast<int>(b));
+        TmaLoadPanels<Tr::kPanels, Tr::kKvPanelBytes>({sV + stage * Tr::kKvBytes}, {&maps.v}, v_full + stage,
+                                                      static_cast<int>(kh), s0, static_cast<int>(b));
       }
     }
     return;

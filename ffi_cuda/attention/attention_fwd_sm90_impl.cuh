@@ -42,7 +42,7 @@ using jax_ops::sm80::FastExp2, jax_ops::sm80::Mma, jax_ops::sm80::PackAFrags;
 // The Hopper primitives used here (arch/sm90).
 using jax_ops::sm90::NamedBarrier, jax_ops::sm90::NamedBarrierArrive, jax_ops::sm90::MbarInit,
     jax_ops::sm90::FenceBarrierInit, jax_ops::sm90::MbarArriveExpectTx, jax_ops::sm90::MbarArrive,
-    jax_ops::sm90::MbarWait, jax_ops::sm90::FenceProxyAsyncSmem, jax_ops::sm90::TmaLoad4d,
+    jax_ops::sm90::MbarWait, jax_ops::sm90::FenceProxyAsyncSmem, jax_ops::sm90::TmaLoadPanels,
     jax_ops::sm90::PrefetchTensorMap, jax_ops::sm90::EncodeMap, jax_ops::sm90::SmemDesc, jax_ops::sm90::WgmmaFence,
     jax_ops::sm90::WgmmaCommit, jax_ops::sm90::WgmmaWait, jax_ops::sm90::FenceRegs, jax_ops::sm90::RegAlloc,
     jax_ops::sm90::RegDealloc, jax_ops::sm90::Wgmma, jax_ops::sm90::WgmmaA;
@@ -191,9 +191,8 @@ __global__ void __launch_bounds__(384, 1)
           }
         }
         MbarArriveExpectTx(q_full, Tr::kQBytes);
-        for (int pn = 0; pn < Tr::kPanels; ++pn)
-          TmaLoad4d(sQ + pn * Tr::kQPanelBytes, &maps.q, q_full, pn * 64, static_cast<int>(w.n), static_cast<int>(w.m0),
-                    static_cast<int>(w.b));
+        TmaLoadPanels<Tr::kPanels, Tr::kQPanelBytes>({sQ}, {&maps.q}, q_full, static_cast<int>(w.n),
+                                                     static_cast<int>(w.m0), static_cast<int>(w.b));
       };
       if (q_after == 0) load_q();
       for (int j = 0; j < (kDiag == 1 ? min(w.num_tiles, kStages) : w.num_tiles); ++j) {
@@ -204,13 +203,11 @@ __global__ void __launch_bounds__(384, 1)
         unsigned char* k_dst = sK + stage * Tr::kKvBytes;
         unsigned char* v_dst = sV + stage * Tr::kKvBytes;
         MbarArriveExpectTx(k_full + stage, Tr::kKvBytes);
-        for (int pn = 0; pn < Tr::kPanels; ++pn)
-          TmaLoad4d(k_dst + pn * Tr::kKvPanelBytes, &maps.k, k_full + stage, pn * 64, static_cast<int>(w.kh), s0,
-                    static_cast<int>(w.b));
+        TmaLoadPanels<Tr::kPanels, Tr::kKvPanelBytes>({k_dst}, {&maps.k}, k_full + stage, static_cast<int>(w.kh), s0,
+                                                      static_cast<int>(w.b));
         MbarArriveExpectTx(v_full + stage, Tr::kKvBytes);
-        for (int pn = 0; pn < Tr::kPanels; ++pn)
-          TmaLoad4d(v_dst + pn * Tr::kKvPanelBytes, &maps.v, v_full + stage, pn * 64, static_cast<int>(w.kh), s0,
-                    static_cast<int>(w.b));
+        TmaLoadPanels<Tr::kPanels, Tr::kKvPanelBytes>({v_dst}, {&maps.v}, v_full + stage, static_cast<int>(w.kh), s0,
+                                                      static_cast<int>(w.b));
         if (j + 1 == q_after) load_q();
       }
     };

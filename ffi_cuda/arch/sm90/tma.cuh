@@ -36,6 +36,17 @@ __device__ __forceinline__ void TmaLoad4d(void* dst, const CUtensorMap* map, uin
 #endif
 }
 
+// TMA: tiles stored as kPanels 64-column panels kPanelBytes apart, one box per panel (columns 64·pn, the other
+// coordinates c1..c3), all completing on `bar`; several tiles at the same coordinates (K and V, Q and dO) go panel
+// by panel.
+template <int kPanels, int kPanelBytes, int kTiles>
+__device__ __forceinline__ void TmaLoadPanels(unsigned char* const (&dst)[kTiles],
+                                              const CUtensorMap* const (&map)[kTiles], uint64_t* bar, int c1, int c2,
+                                              int c3) {
+  for (int pn = 0; pn < kPanels; ++pn)
+    for (int t = 0; t < kTiles; ++t) TmaLoad4d(dst[t] + pn * kPanelBytes, map[t], bar, pn * 64, c1, c2, c3);
+}
+
 // TMA: one box of a 3-D tensor map into shared memory; completion is counted on `bar` in bytes.
 __device__ __forceinline__ void TmaLoad3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
 #if JAX_OPS_SM90
