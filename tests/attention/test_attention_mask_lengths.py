@@ -9,7 +9,7 @@ from attention_cases import qkv
 
 import jax_ops
 from jax_ops._src.attention import validation
-from jax_ops._src.attention.masks import mask_as_lengths, mask_branches
+from jax_ops._src.attention.masks import mask_as_lengths, mask_variants
 from jax_ops._src.attention.vjp import attention_vjp
 
 B, T, S = 3, 12, 20
@@ -91,15 +91,15 @@ def test_same_attention_and_grads_as_the_mask(name, is_causal):
 def test_switch_only_for_head_broadcast_masks():
     q, k, v = qkv(B, T, S, 4, 2, 16)
 
-    def prims(mask):
-        jaxpr = jax.make_jaxpr(
-            lambda q: jax_ops.dot_product_attention(q, k, v, mask=mask, implementation="ffi")
-        )(q)
-        return {str(e.primitive) for e in jaxpr.jaxpr.eqns}
+    def prims(mask):  # the printed jaxpr, custom_vjp bodies included
+        def f(q):
+            return jax_ops.dot_product_attention(q, k, v, mask=mask, implementation="ffi")
 
-    assert "cond" in prims(MASKS["keys"])
-    assert "cond" not in prims(jnp.ones((B, 4, T, S), bool))  # per-head masks stay masks
-    assert "cond" not in prims(None)
+        return str(jax.make_jaxpr(jax.grad(lambda q: jnp.sum(f(q))))(q))
+
+    assert prims(MASKS["keys"]).count("cond[") == 2  # inside the custom_vjp: forward and backward
+    assert "cond[" not in prims(jnp.ones((B, 4, T, S), bool))  # per-head masks stay masks
+    assert "cond[" not in prims(None)
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -111,10 +111,14 @@ def test_each_branch_where_it_is_taken(name, is_causal):
     mask = MASKS[name]
     q, k, v = qkv(B, T, S, 4, 2, 16, seed=5)
     kvl = jnp.asarray([15, 20, 2], jnp.int32)
-    cfg, args = validation.normalize(q, k, v, None, mask, None, is_causal, None, kvl, None)
-    index, branches = mask_branches(attention_vjp, cfg, *args)
+    cfg, (q, k, v, bias, mask, qsl, kvsl) = validation.normalize(
+        q, k, v, None, mask, None, is_causal, None, kvl, None
+    )
+    index, variants = mask_variants(cfg, q, mask, qsl, kvsl)
     assert (int(index) == 0) == (name == "holes")
-    o, lse = branches[int(index)]()
+    c, m, qs, ks = variants[int(index)]
+    assert (m is None) == (name != "holes")
+    o, lse = attention_vjp(c, q, k, v, bias, m, qs, ks)
     ro, rlse = jax_ops.dot_product_attention(
         q, k, v, None, mask, is_causal=is_causal, key_value_seq_lengths=kvl, implementation="xla",
         return_residual=True,

@@ -8,7 +8,6 @@ from jax.sharding import PartitionSpec as P
 
 from jax_ops._src import dispatch
 from jax_ops._src.attention.heuristics import unsupported_reason
-from jax_ops._src.attention.masks import attention_with_mask_as_lengths
 from jax_ops._src.attention.validation import normalize
 from jax_ops._src.attention.vjp import attention_vjp, reference_call
 
@@ -87,7 +86,7 @@ def dot_product_attention(
         "jax_ops.dot_product_attention", implementation, unsupported=reason, default_on_cpu="xla"
     )
     if path == "ffi":
-        o, lse = attention_with_mask_as_lengths(attention_vjp, cfg, q, k, v, bias, mask, qsl, kvsl)
+        o, lse = attention_vjp(cfg, q, k, v, bias, mask, qsl, kvsl)
     else:
         # The log-sum-exp only when returned: an empty row's -inf would trip jax.debug_infs in eager mode.
         o_lse = reference_call(cfg, q, k, v, bias, mask, qsl, kvsl, return_lse=return_residual)

@@ -5,13 +5,15 @@ masked (a key-padding mask), rows ``t >= Lq[b]`` masked (query padding), and pos
 flax's ``make_attention_mask & make_causal_mask`` build). The kernels run those as lengths and ``is_causal``
 without reading a mask element, while a general mask is read per element by the portable kernels. Which form a
 mask has is known only from its values, so each call checks it on the device (one pass over the mask) and a
-``lax.switch`` runs the length path when the mask equals it exactly, else the mask path: the two give the same
+``lax.switch`` (inside the ``custom_vjp``, forward and backward alike, so no residual is
+duplicated) runs the length path when the mask equals it exactly, else the mask path: the two give the same
 attention (the same allowed keys), so the choice never changes a result beyond rounding.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -44,33 +46,31 @@ def _min(a, b):
     return b if a is None else a if b is None else jnp.minimum(a, b)
 
 
-def mask_branches(attention, cfg: Config, q, k, v, bias, mask, qsl, kvsl):
-    """``(index, branches)`` for ``lax.switch``: branch 0 runs ``attention`` with the mask, the others with the
-    lengths (and ``is_causal``) the mask equals; None when the mask is not head-broadcast (or absent)."""
+def mask_variants(cfg: Config, q, mask, qsl, kvsl):
+    """``(index, variants)``: ``variants[i] = (cfg, mask, qsl, kvsl)`` of one way to run the call (0: with the
+    mask; 1: the lengths the mask equals; 2: those & ``is_causal``), ``index`` the int32 scalar of the one the
+    mask's values pick. None when the mask is absent or not head-broadcast."""
     if mask is None or mask.shape[1] != 1 or mask.shape[2] not in (1, q.shape[1]):
         return None
     lq, lk, (is_padding, is_causal) = mask_as_lengths(mask, q.shape[0])
     qsl2, kvsl2 = _min(qsl, lq), _min(kvsl, lk)
     lengths = dataclasses.replace(cfg, has_mask=False, has_q_seqlen=qsl2 is not None, has_kv_seqlen=True)
-    branches = [
-        lambda: attention(cfg, q, k, v, bias, mask, qsl, kvsl),
-        lambda: attention(lengths, q, k, v, bias, None, qsl2, kvsl2),
-    ]
+    variants = [(cfg, mask, qsl, kvsl), (lengths, None, qsl2, kvsl2)]
     if is_causal is None:
         index = is_padding.astype(jnp.int32)
-    elif cfg.is_causal:  # causal & (causal & padding) = causal & padding: the lengths branch as it is
+    elif cfg.is_causal:  # causal & (causal & padding) = causal & padding: the lengths variant as it is
         index = (is_padding | is_causal).astype(jnp.int32)
     else:
-        causal = dataclasses.replace(lengths, is_causal=True)
-        branches.append(lambda: attention(causal, q, k, v, bias, None, qsl2, kvsl2))
-        index = jnp.where(is_padding, 1, jnp.where(is_causal, 2, 0))
-    return index, branches
+        variants.append((dataclasses.replace(lengths, is_causal=True), None, qsl2, kvsl2))
+        index = jnp.where(is_padding, 1, jnp.where(is_causal, 2, 0)).astype(jnp.int32)
+    return index, variants
 
 
-def attention_with_mask_as_lengths(attention, cfg: Config, q, k, v, bias, mask, qsl, kvsl):
-    """``attention(cfg, q, k, v, bias, mask, qsl, kvsl)`` with a head-broadcast mask run as lengths (and
-    ``is_causal``) when its values say so (module docstring), else as the mask."""
-    switch = mask_branches(attention, cfg, q, k, v, bias, mask, qsl, kvsl)
-    if switch is None:
-        return attention(cfg, q, k, v, bias, mask, qsl, kvsl)
-    return jax.lax.switch(*switch)
+def switch_on_mask(fn, cfg: Config, q, mask, qsl, kvsl):
+    """``fn(cfg, mask, qsl, kvsl)`` of the variant the mask's values pick (``lax.switch``), or of the call as it
+    is when the mask has no length form."""
+    picked = mask_variants(cfg, q, mask, qsl, kvsl)
+    if picked is None:
+        return fn(cfg, mask, qsl, kvsl)
+    index, variants = picked
+    return jax.lax.switch(index, [functools.partial(fn, *variant) for variant in variants])

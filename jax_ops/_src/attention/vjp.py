@@ -15,6 +15,7 @@ from jax_ops._src.attention.batching import bwd_op, fwd_op
 from jax_ops._src.attention.blocked import blocked_attention, dense_fits
 from jax_ops._src.attention.config import KNOBS
 from jax_ops._src.attention.ffi import fill, vary_like
+from jax_ops._src.attention.masks import switch_on_mask
 from jax_ops._src.attention.merge import merge_by_lse
 from jax_ops._src.attention.reference import dot_product_attention as reference_attention
 from jax_ops._src.attention.validation import Config
@@ -64,13 +65,18 @@ def _forward(cfg: Config, q, k, v, bias, mask, qsl, kvsl):
     return vary_like(fwd_op(cfg)(q, k, v, *fill(cfg, bias, mask, qsl, kvsl)), ins)
 
 
+def _forward_any_mask(cfg: Config, q, k, v, bias, mask, qsl, kvsl):
+    """The forward, a mask that is only padding (and causality) run as lengths (masks.py)."""
+    return switch_on_mask(lambda c, m, qs, ks: _forward(c, q, k, v, bias, m, qs, ks), cfg, q, mask, qsl, kvsl)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def attention_vjp(cfg: Config, q, k, v, bias, mask, qsl, kvsl):
-    return _forward(cfg, q, k, v, bias, mask, qsl, kvsl)
+    return _forward_any_mask(cfg, q, k, v, bias, mask, qsl, kvsl)
 
 
 def _attention_fwd(cfg: Config, q, k, v, bias, mask, qsl, kvsl):
-    o, lse = _forward(cfg, q, k, v, bias, mask, qsl, kvsl)
+    o, lse = _forward_any_mask(cfg, q, k, v, bias, mask, qsl, kvsl)
     return (o, lse), (q, k, v, bias, mask, qsl, kvsl, o, lse)
 
 
@@ -108,10 +114,8 @@ def _reference_vjp(cfg: Config, q, k, v, bias, mask, qsl, kvsl, do):
     return vjp(do)
 
 
-def _attention_bwd(cfg: Config, res, cts):
-    q, k, v, bias, mask, qsl, kvsl, o, lse = res
-    do, _ = cts  # the residual (lse) is returned under stop_gradient, as jax.nn does
-    do = do.astype(q.dtype)
+def _backward(cfg: Config, q, k, v, bias, mask, qsl, kvsl, o, lse, do):
+    """(dq, dk, dv, dbias or None) of one variant of the call."""
     reason = heuristics.bwd_unsupported_reason(cfg, q.shape[-1])
     if reason is not None:
         _checks.warn_once(
@@ -119,10 +123,19 @@ def _attention_bwd(cfg: Config, res, cts):
             f"jax_ops.dot_product_attention: {reason}; the backward pass uses the XLA reference",
         )
         dq, dk, dv, db = _reference_vjp(cfg, q, k, v, bias, mask, qsl, kvsl, do)
-        return dq, dk, dv, db, None, None, None
+        return dq, dk, dv, db if cfg.has_bias else None
     dq, dk, dv, db = bwd_op(cfg)(q, k, v, *fill(cfg, bias, mask, qsl, kvsl), o, lse, do)
     grads = (dq, dk, dv, db if cfg.has_bias else None)
-    grads = vary_like(grads, (q, k, v, bias, mask, qsl, kvsl, o, lse, do), targets=(q, k, v, bias))
+    return vary_like(grads, (q, k, v, bias, mask, qsl, kvsl, o, lse, do), targets=(q, k, v, bias))
+
+
+def _attention_bwd(cfg: Config, res, cts):
+    q, k, v, bias, mask, qsl, kvsl, o, lse = res
+    do, _ = cts  # the residual (lse) is returned under stop_gradient, as jax.nn does
+    do = do.astype(q.dtype)
+    grads = switch_on_mask(
+        lambda c, m, qs, ks: _backward(c, q, k, v, bias, m, qs, ks, o, lse, do), cfg, q, mask, qsl, kvsl
+    )
     return (*grads, None, None, None)
 
 
