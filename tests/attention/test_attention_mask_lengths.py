@@ -114,7 +114,7 @@ def test_each_branch_where_it_is_taken(name, is_causal):
     cfg, (q, k, v, bias, mask, qsl, kvsl) = validation.normalize(
         q, k, v, None, mask, None, is_causal, None, kvl, None
     )
-    index, variants = mask_variants(cfg, q, mask, qsl, kvsl)
+    index, variants = mask_variants(cfg, q, k, mask, qsl, kvsl)
     assert (int(index) == 0) == (name == "holes")
     c, m, qs, ks = variants[int(index)]
     assert (m is None) == (name != "holes")
@@ -138,4 +138,19 @@ def test_vmap_over_masks():
 
     got = jax.vmap(lambda m: f(m, "ffi"))(masks)
     ref = jax.vmap(lambda m: f(m, "xla"))(masks)
+    np.testing.assert_allclose(got, ref, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "mask", [jnp.asarray(True), jnp.ones((1, 1, 1, 1), bool), padding([3, 12, 0], [1, 1, 1])[..., :1]]
+)
+def test_masks_broadcast_over_keys_stay_masks(mask):
+    """A mask of one key column ([..., 1]) is broadcast over the keys: no key length (it would read as kv_len 1)."""
+    q, k, v = qkv(B, T, S, 4, 2, 16, seed=9)
+    cfg, (q, k, v, bias, m, qsl, kvsl) = validation.normalize(
+        q, k, v, None, mask, None, False, None, None, None
+    )
+    assert mask_variants(cfg, q, k, m, qsl, kvsl) is None
+    got = jax_ops.dot_product_attention(q, k, v, mask=mask, implementation="ffi")
+    ref = jax_ops.dot_product_attention(q, k, v, mask=mask, implementation="xla")
     np.testing.assert_allclose(got, ref, atol=2e-5, rtol=2e-5)

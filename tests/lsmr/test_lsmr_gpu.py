@@ -141,10 +141,9 @@ def test_gpu_kernel_iteration_agrees_with_step(x64):
         permuted = scipy_lsmr(a[perm], b[perm], atol=1e-8, btol=1e-8)
         spread["norma"] = max(spread["norma"], abs(permuted[5] - full[5]))
         spread["conda"] = max(spread["conda"], abs(permuted[6] - full[6]))
-    for f, bound in spread.items():
-        assert abs(float(getattr(out, f)) - float(getattr(ref, f))) <= 2 * bound + 1e-8 * abs(
-            float(getattr(ref, f))
-        ), f
+    for f, floor in (("norma", 1e-3), ("conda", 1e-2)):  # (the floor: should SciPy's spread come out ~0)
+        ref_f = float(getattr(ref, f))
+        assert abs(float(getattr(out, f)) - ref_f) <= max(2 * spread[f], floor * abs(ref_f)), f
     # Deterministic: the same solve again gave the same bits (fixed-order reductions in every kernel).
     for f in out._fields:
         np.testing.assert_array_equal(np.asarray(getattr(again, f)), np.asarray(getattr(out, f)), err_msg=f)

@@ -36,7 +36,7 @@ def mask_as_lengths(mask: jax.Array, batch: int):
         padding = padding & (jnp.arange(rows)[None, :, None] < lq[:, None, None])
     is_padding = jnp.all(m == padding)
     is_causal = None
-    if rows > 1 and rows == mask.shape[2]:
+    if rows > 1:  # (rows == T: the caller passes only T' in (1, T))
         is_causal = jnp.all(m == (padding & (s[None, :] <= jnp.arange(rows)[:, None])[None]))
     widen = lambda x: None if x is None else jnp.broadcast_to(x, (batch,))  # noqa: E731
     return widen(lq), widen(lk), (is_padding, is_causal)
@@ -46,12 +46,17 @@ def _min(a, b):
     return b if a is None else a if b is None else jnp.minimum(a, b)
 
 
-def mask_variants(cfg: Config, q, mask, qsl, kvsl):
+def mask_variants(cfg: Config, q, k, mask, qsl, kvsl):
     """``(index, variants)``: ``variants[i] = (cfg, mask, qsl, kvsl)`` of one way to run the call (0: with the
     mask; 1: the lengths the mask equals; 2: those & ``is_causal``), ``index`` the int32 scalar of the one the
     mask's values pick. None when the mask is absent or not head-broadcast."""
-    if mask is None or mask.shape[1] != 1 or mask.shape[2] not in (1, q.shape[1]):
-        return None
+    if (
+        mask is None
+        or mask.shape[1] != 1
+        or mask.shape[2] not in (1, q.shape[1])
+        or mask.shape[3] != k.shape[1]
+    ):
+        return None  # per-head, or broadcast over the keys (no key length to read)
     lq, lk, (is_padding, is_causal) = mask_as_lengths(mask, q.shape[0])
     qsl2, kvsl2 = _min(qsl, lq), _min(kvsl, lk)
     lengths = dataclasses.replace(cfg, has_mask=False, has_q_seqlen=qsl2 is not None, has_kv_seqlen=True)
@@ -66,10 +71,10 @@ def mask_variants(cfg: Config, q, mask, qsl, kvsl):
     return index, variants
 
 
-def switch_on_mask(fn, cfg: Config, q, mask, qsl, kvsl):
+def switch_on_mask(fn, cfg: Config, q, k, mask, qsl, kvsl):
     """``fn(cfg, mask, qsl, kvsl)`` of the variant the mask's values pick (``lax.switch``), or of the call as it
     is when the mask has no length form."""
-    picked = mask_variants(cfg, q, mask, qsl, kvsl)
+    picked = mask_variants(cfg, q, k, mask, qsl, kvsl)
     if picked is None:
         return fn(cfg, mask, qsl, kvsl)
     index, variants = picked

@@ -67,7 +67,9 @@ def _forward(cfg: Config, q, k, v, bias, mask, qsl, kvsl):
 
 def _forward_any_mask(cfg: Config, q, k, v, bias, mask, qsl, kvsl):
     """The forward, a mask that is only padding (and causality) run as lengths (masks.py)."""
-    return switch_on_mask(lambda c, m, qs, ks: _forward(c, q, k, v, bias, m, qs, ks), cfg, q, mask, qsl, kvsl)
+    return switch_on_mask(
+        lambda c, m, qs, ks: _forward(c, q, k, v, bias, m, qs, ks), cfg, q, k, mask, qsl, kvsl
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -134,7 +136,7 @@ def _attention_bwd(cfg: Config, res, cts):
     do, _ = cts  # the residual (lse) is returned under stop_gradient, as jax.nn does
     do = do.astype(q.dtype)
     grads = switch_on_mask(
-        lambda c, m, qs, ks: _backward(c, q, k, v, bias, m, qs, ks, o, lse, do), cfg, q, mask, qsl, kvsl
+        lambda c, m, qs, ks: _backward(c, q, k, v, bias, m, qs, ks, o, lse, do), cfg, q, k, mask, qsl, kvsl
     )
     return (*grads, None, None, None)
 
