@@ -244,16 +244,24 @@ int Small() {
   return failures;
 }
 
-// Times the decode kernel on the issue's serving shape for both load paths, several split counts and both merges
+// Times the decode kernel on the issue's serving shapes for both load paths, several split counts and both merges
 // (partial outputs: the host merge is not timed); every configuration's result is compared with the first one's
 // (cp.async, one split), so a fast but wrong variant fails. Returns the number of failed comparisons.
 int Speed() {
   int failures = 0;
   constexpr int kHeadDim = 128, kReps = 50;
   std::mt19937 rng(7);
-  for (int64_t length : {1024, 8192, 32768}) {
+  constexpr int kMaxSplits = 32;
+  struct ServingShape {
+    int64_t batch, kv_heads, length;
+  };
+  // B8 Hq32/8 at L 1k-32k, and the latency-bound small decode B4 Hq32/4 at L4k
+  for (const ServingShape shape :
+       {ServingShape{8, 8, 1024}, ServingShape{8, 8, 8192}, ServingShape{8, 8, 32768}, ServingShape{4, 4, 4096}}) {
+    const int64_t length = shape.length;
     Shape s;
-    s.batch = 8, s.num_kv_heads = 8, s.num_q_heads = 32, s.head_dim = kHeadDim, s.page_size = 16, s.tokens = 1;
+    s.batch = shape.batch, s.num_kv_heads = shape.kv_heads, s.num_q_heads = 32, s.head_dim = kHeadDim;
+    s.page_size = 16, s.tokens = 1;
     s.max_pages = length / s.page_size, s.num_pages = s.batch * s.max_pages, s.dtype = xla::ffi::DataType::F16;
     std::vector<int32_t> table(s.batch * s.max_pages);
     for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
@@ -272,20 +280,21 @@ int Speed() {
     dp.k_pages = pools[0], dp.v_pages = pools[1];
     dp.block_table = ToDevice(table), dp.lengths = ToDevice(std::vector<int32_t>(s.batch, length));
     dp.o = ToDevice(std::vector<__half>(s.batch * s.num_q_heads * kHeadDim));
-    dp.o_parts = ToDevice(std::vector<float>(16 * s.batch * s.num_q_heads * kHeadDim));
-    dp.lse_parts = ToDevice(std::vector<float>(16 * s.batch * s.num_q_heads));
+    dp.o_parts = ToDevice(std::vector<float>(kMaxSplits * s.batch * s.num_q_heads * kHeadDim));
+    dp.lse_parts = ToDevice(std::vector<float>(kMaxSplits * s.batch * s.num_q_heads));
     const double bytes = 2.0 * pool * sizeof(__half);
     const size_t out = s.batch * s.num_q_heads * kHeadDim, rows = s.batch * s.num_q_heads;
     std::vector<double> first;  // o of the first configuration
     for (DecodeLoad load : {DecodeLoad::kCpAsync, DecodeLoad::kTma})
-      for (int64_t splits : {1, 2, 4, 8, 16})
+      for (int64_t splits : {1, 2, 4, 8, 16, 32})
         for (bool cluster : {false, true}) {
           if (cluster && (splits == 1 || splits > kMaxKernelMergeSplits)) continue;
+          if (length / splits < kSplitKeyAlign) continue;  // a split is at least one key tile
           dp.splits = splits, dp.merge_in_cluster = cluster, dp.load = load;
           // poisoned first (0xFF.. is NaN in fp16 and fp32): a variant that writes nothing fails the comparison
           CHECK(cudaMemset(dp.o, 0xFF, out * sizeof(__half)));
-          CHECK(cudaMemset(dp.o_parts, 0xFF, 16 * out * sizeof(float)));
-          CHECK(cudaMemset(dp.lse_parts, 0xFF, 16 * rows * sizeof(float)));
+          CHECK(cudaMemset(dp.o_parts, 0xFF, kMaxSplits * out * sizeof(float)));
+          CHECK(cudaMemset(dp.lse_parts, 0xFF, kMaxSplits * rows * sizeof(float)));
           const double us = 1e3 * jax_ops::tools::Median(jax_ops::tools::RoundTimesMs(
                                       [&] { return LaunchDecode<__half, kHeadDim>(nullptr, dp); }, 3, 1, kReps));
           const std::vector<double> got = DecodeResult(dp, rows, kHeadDim);
@@ -294,9 +303,10 @@ int Speed() {
           for (size_t i = 0; i < out; ++i) diff = std::max(diff, std::fabs(got[i] - first[i]));
           const bool ok = diff <= 2e-3;  // fp16 rounding of o; NaN fails
           failures += !ok;
-          std::printf("L=%6lld %-8s splits=%2lld %-14s: %8.1f us  %.2f TB/s  max diff %.1e%s\n", (long long)length,
-                      LoadName(load), (long long)splits, cluster ? "cluster merge" : "partials", us, bytes / us * 1e-6,
-                      diff, ok ? "" : "  MISMATCH");
+          std::printf("B=%lld Hkv=%lld L=%6lld %-8s splits=%2lld %-14s: %8.1f us  %.2f TB/s  max diff %.1e%s\n",
+                      (long long)s.batch, (long long)s.num_kv_heads, (long long)length, LoadName(load),
+                      (long long)splits, cluster ? "cluster merge" : "partials", us, bytes / us * 1e-6, diff,
+                      ok ? "" : "  MISMATCH");
         }
     for (const void* p : {dp.q, dp.k_pages, dp.v_pages, (const void*)dp.block_table, (const void*)dp.lengths,
                           (const void*)dp.o, (const void*)dp.o_parts, (const void*)dp.lse_parts})
