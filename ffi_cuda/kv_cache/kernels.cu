@@ -538,7 +538,7 @@ bool EncodePageMaps(const DecodeArgs& a, PageMaps& maps) {
 template <typename T, int kHeadDim, bool kTma>
 cudaError_t LaunchDecodeKernel(cudaStream_t stream, const DecodeArgs& args, const PageMaps& maps, dim3 grid) {
   using Tr = DecodeTraits<kHeadDim>;
-  // The largest carveout: two CTAs per SM need ~200 KB, and a cluster launch does not pick it by itself.
+  // The largest carveout asked for, not left to the driver per launch: two CTAs per SM need ~200 KB.
   const cudaError_t attr = SetDynamicSmemOnce(reinterpret_cast<const void*>(&PagedDecodeKernel<T, kHeadDim, kTma>),
                                               Tr::kSmemBytes, /*max_shared_carveout=*/true);
   if (attr != cudaSuccess) return attr;

@@ -30,14 +30,13 @@ def mask_as_lengths(mask: jax.Array, batch: int):
     lk = jnp.sum(jnp.any(m, axis=1), axis=-1, dtype=jnp.int32)  # keys any row may see: a prefix if padding
     s = jnp.arange(keys)
     padding = s[None, None, :] < lk[:, None, None]
-    lq = None
-    if rows > 1:
-        lq = jnp.sum(jnp.any(m, axis=2), axis=-1, dtype=jnp.int32)
-        padding = padding & (jnp.arange(rows)[None, :, None] < lq[:, None, None])
-    is_padding = jnp.all(m == padding)
-    is_causal = None
+    lq = is_causal = None
     if rows > 1:  # (rows == T: the caller passes only T' in (1, T))
-        is_causal = jnp.all(m == (padding & (s[None, :] <= jnp.arange(rows)[:, None])[None]))
+        t = jnp.arange(rows)
+        lq = jnp.sum(jnp.any(m, axis=2), axis=-1, dtype=jnp.int32)
+        padding = padding & (t[None, :, None] < lq[:, None, None])
+        is_causal = jnp.all(m == (padding & (s[None, :] <= t[:, None])[None]))
+    is_padding = jnp.all(m == padding)
     widen = lambda x: None if x is None else jnp.broadcast_to(x, (batch,))  # noqa: E731
     return widen(lq), widen(lk), (is_padding, is_causal)
 
