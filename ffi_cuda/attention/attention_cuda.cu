@@ -86,10 +86,11 @@ using Sm90FwdHeadDims = std::integer_sequence<int JAX_OPS_ATTENTION_SM90_FWD_HEA
 using Sm90BwdHeadDims = std::integer_sequence<int JAX_OPS_ATTENTION_SM90_BWD_HEAD_DIMS(JAX_OPS_COMMA_DIM)>;
 #undef JAX_OPS_COMMA_DIM
 
-template <typename T, bool kPersistent>
+template <typename T, bool kPersistent, bool kMods = false>
 cudaError_t LaunchSm90Fwd(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr, int num_sms) {
   return WithHeadDim(Sm90FwdHeadDims{}, p.head_dim, [&](auto d) {
-    return LaunchAttentionFwdSm90<T, decltype(d)::value, kSm90FwdStages, 0, 128, kPersistent>(stream, p, ptr, num_sms);
+    return LaunchAttentionFwdSm90<T, decltype(d)::value, kSm90FwdStages, 0, 128, kPersistent, kMods>(stream, p, ptr,
+                                                                                                     num_sms);
   });
 }
 
@@ -101,10 +102,13 @@ template <typename T>
 cudaError_t LaunchForHeadDim(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                              const DeviceProps& dev, bool portable, int64_t fwd_persistent) {
   if (UseSm90Fwd(p, dev.cc_major, dev.cc_minor, portable)) {
-    const bool persistent = FwdPersistent(p, dev.sm_count, fwd_persistent);
     cudaError_t err = kSm90Refused;
-    if (persistent) err = LaunchSm90Fwd<T, true>(stream, p, ptr, dev.sm_count);
-    if (err == kSm90Refused) err = LaunchSm90Fwd<T, false>(stream, p, ptr, 0);
+    if (Sm90FwdMods(p)) {
+      err = LaunchSm90Fwd<T, false, true>(stream, p, ptr, 0);
+    } else {
+      if (FwdPersistent(p, dev.sm_count, fwd_persistent)) err = LaunchSm90Fwd<T, true>(stream, p, ptr, dev.sm_count);
+      if (err == kSm90Refused) err = LaunchSm90Fwd<T, false>(stream, p, ptr, 0);
+    }
     if (err != kSm90Refused) return err;
   }
   return WithHeadDim(FwdHeadDims{}, p.head_dim,

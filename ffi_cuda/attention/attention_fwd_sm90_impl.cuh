@@ -11,7 +11,11 @@
 // K/V stages have separate "K full" and "V full" barriers, so Q Kᵀ starts while V is still landing.
 // Tiles wholly outside the allowed key range are never loaded; tiles wholly inside skip the position test.
 // Out-of-range rows/keys (tails) are zero-filled by TMA. O goes back through shared memory (the consumer's own Q
-// rows) as 16-byte coalesced stores. No bias or boolean mask here: the launcher routes those to the sm_80 kernel.
+// rows) as 16-byte coalesced stores.
+//
+// kMods: the boolean mask and the additive bias (any broadcast shape), read per element from global memory into the
+// S accumulators of every tile (RowMods). The softmax then runs on log2-domain logits instead of raw scores (the
+// bias breaks the "max of the scores is the max of the logits" shortcut). One CTA per block only.
 //
 // kPersistent: one CTA per SM instead of one per block; each CTA loops over the blocks a static heavy-first
 // schedule gives it (FwdSchedule). The barriers are initialised once: the K/V ring's stage and phase carry across
@@ -130,12 +134,14 @@ __device__ __forceinline__ int AdvanceRing(int count, int tiles) {
 // kDiag (timing experiments of ffi_cuda/tools/attention_fwd_bench.cu only; results are wrong when set):
 // 1 = load only the first kStages K/V tiles and reuse them (no memory traffic in the loop),
 // 2 = skip the softmax arithmetic (P = S).
-template <typename T, int kHeadDim, int kStagesT, int kDiag = 0, int kBlockNT = 128, bool kPersistent = false>
+template <typename T, int kHeadDim, int kStagesT, int kDiag = 0, int kBlockNT = 128, bool kPersistent = false,
+          bool kMods = false>
 __global__ void __launch_bounds__(384, 1)
     AttentionFwdSm90Kernel(const AttentionParams p, const FwdPointers ptr, const __grid_constant__ TensorMaps maps,
                            const FwdSchedule sched) {
 #if JAX_OPS_SM90
   static_assert(!kPersistent || kDiag == 0, "the timing experiments run one block per CTA");
+  static_assert(!kPersistent || !kMods, "masks and bias run one block per CTA");
   using Tr = FwdTraits<kHeadDim, kStagesT, kBlockNT>;
   constexpr int kBM = Tr::kBlockM, kBN = Tr::kBlockN, kStages = Tr::kStages;
   constexpr int kNT = kBN / 8;  // 8-column tiles of S per thread row pair
@@ -253,9 +259,12 @@ __global__ void __launch_bounds__(384, 1)
     float acc_o[kHeadDim / 2];
 #pragma unroll
     for (int i = 0; i < kHeadDim / 2; ++i) acc_o[i] = 0.f;
-    float row_max[2] = {-INFINITY, -INFINITY};  // of the raw scores (scale > 0: Sm90FwdSupports)
+    // Of the raw scores (scale > 0: Sm90FwdSupports), or with kMods of the log2-domain logits.
+    float row_max[2] = {-INFINITY, -INFINITY};
     float row_sum[2] = {0.f, 0.f};
     const float scale_log2 = p.scale * kLog2e;
+    // The factor from row_max's domain to the log2 domain.
+    const float max_log2 = kMods ? 1.f : scale_log2;
 
     unsigned char* q_rows = sQ + cw * 64 * 128;  // this warpgroup's 64 rows in each Q panel
 
@@ -303,13 +312,20 @@ __global__ void __launch_bounds__(384, 1)
       const int64_t s0 = int64_t{tile_lo + j} * kBN;
       // Column c of the tile is allowed for row i when lo[i] <= c < hi[i] (tile-relative, clamped to [0, kBN], so
       // the per-element test is two 32-bit compares).
+      int lo[2] = {0, 0}, hi[2] = {kBN, kBN};
       if constexpr (decltype(masked)::value) {
-        int lo[2], hi[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           lo[i] = static_cast<int>(Min64(Max64(row_keys[i].lo - s0, 0), kBN));
           hi[i] = static_cast<int>(Min64(Max64(row_keys[i].hi - s0, 0), kBN));
         }
+      }
+      if constexpr (kMods) {
+        // Mask and bias at the allowed positions only (the others are outside the row's keys, maybe past S). The
+        // row pointers are made per tile from live values: kept across the loop they would spill.
+        const RowMods mods[2] = {RowModsOf(p, ptr, b, n, rows[0]), RowModsOf(p, ptr, b, n, rows[1])};
+        ApplyMods<T, decltype(masked)::value, kNT>(p, ptr, s, mods, lo, hi, s0, lane, scale_log2);
+      } else if constexpr (decltype(masked)::value) {
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -326,16 +342,16 @@ __global__ void __launch_bounds__(384, 1)
         for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * i], s[nt * 4 + 2 * i + 1]));
         mx = QuadMax(mx);
         // The max of the raw scores scales to the max of the logits because scale > 0, so each probability is
-        // one FFMA + one ex2: exp2(s * scale_log2 - max * scale_log2).
+        // one FFMA + one ex2: exp2(s * scale_log2 - max * scale_log2) (max_log2 = 1 with kMods).
         const float new_max = fmaxf(row_max[i], mx);
-        const float offset = new_max == -INFINITY ? 0.f : new_max * scale_log2;  // no -inf - -inf
-        corr[i] = FastExp2(fmaf(row_max[i], scale_log2, -offset));
+        const float offset = new_max == -INFINITY ? 0.f : new_max * max_log2;  // no -inf - -inf
+        corr[i] = FastExp2(fmaf(row_max[i], max_log2, -offset));
         row_max[i] = new_max;
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
-          s[nt * 4 + 2 * i] = FastExp2(fmaf(s[nt * 4 + 2 * i], scale_log2, -offset));
-          s[nt * 4 + 2 * i + 1] = FastExp2(fmaf(s[nt * 4 + 2 * i + 1], scale_log2, -offset));
+          s[nt * 4 + 2 * i] = FastExp2(fmaf(s[nt * 4 + 2 * i], max_log2, -offset));
+          s[nt * 4 + 2 * i + 1] = FastExp2(fmaf(s[nt * 4 + 2 * i + 1], max_log2, -offset));
           sum += s[nt * 4 + 2 * i] + s[nt * 4 + 2 * i + 1];
         }
         row_sum[i] = row_sum[i] * corr[i] + sum;
@@ -408,7 +424,7 @@ __global__ void __launch_bounds__(384, 1)
       const float l = QuadSum(row_sum[i]);
       end[i] = EndRow(l);
       if ((lane & 3) == 0 && rows[i] < p.seqlen_q)
-        ptr.lse[p.LseOffset(b, n, rows[i])] = end[i].empty ? -INFINITY : row_max[i] * p.scale + log2f(l) / kLog2e;
+        ptr.lse[p.LseOffset(b, n, rows[i])] = end[i].empty ? -INFINITY : (row_max[i] * max_log2 + log2f(l)) / kLog2e;
     }
     if constexpr (kPersistent) {
       // The staging below overwrites Q rows that other warps of this warpgroup read in the previous block's
@@ -463,11 +479,12 @@ __global__ void __launch_bounds__(384, 1)
 
 }  // namespace hopper
 
-template <typename T, int kHeadDim, int kStages, int kDiag, int kBlockN, bool kPersistent>
+template <typename T, int kHeadDim, int kStages, int kDiag, int kBlockN, bool kPersistent, bool kMods>
 cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                    int num_ctas) {
   using Tr = hopper::FwdTraits<kHeadDim, kStages, kBlockN>;
-  const auto kernel = hopper::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag, kBlockN, kPersistent>;
+  const auto kernel = hopper::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag, kBlockN, kPersistent, kMods>;
+  if (kMods != (p.has_mask || p.has_bias)) return kSm90Refused;  // a call has exactly one variant
   if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
   const cudaError_t attr_status = SetDynamicSmemOnce(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
   if (attr_status != cudaSuccess) return attr_status;
@@ -499,9 +516,10 @@ cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p
   return cudaGetLastError();
 }
 
-// The library's two variants of one dtype and head dim (Sm90FwdUsePersistent picks), one per file.
-#define JAX_OPS_INSTANTIATE_ATTENTION_FWD_SM90(T, D, kPersistent)                         \
-  template cudaError_t LaunchAttentionFwdSm90<T, D, kSm90FwdStages, 0, 128, kPersistent>( \
+// The library's three variants of one dtype and head dim, one per file: one CTA per block or persistent
+// (Sm90FwdUsePersistent picks) without mask and bias, and one CTA per block with them (kMods).
+#define JAX_OPS_INSTANTIATE_ATTENTION_FWD_SM90(T, D, kPersistent, kMods)                         \
+  template cudaError_t LaunchAttentionFwdSm90<T, D, kSm90FwdStages, 0, 128, kPersistent, kMods>( \
       cudaStream_t, const AttentionParams&, const FwdPointers&, int);
 
 }  // namespace jax_ops::attention

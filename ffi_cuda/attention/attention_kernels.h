@@ -38,8 +38,9 @@ struct BwdPointers {
 template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionFwd(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr);
 
-// Hopper (sm_90a only) forward: TMA + wgmma + warp specialisation; head dims 64 and 128, no bias or boolean
-// mask (Sm90FwdSupports in heuristics.h). kStages: K/V pipeline depth (the build instantiates kSm90FwdStages).
+// Hopper (sm_90a only) forward: TMA + wgmma + warp specialisation; head dims 64 and 128 (Sm90FwdSupports in
+// heuristics.h). kStages: K/V pipeline depth (the build instantiates kSm90FwdStages). kMods: the variant for calls
+// with a boolean mask or a bias (refused for the others, and the others' variants refuse these calls).
 //
 // What LaunchAttentionFwdSm90 returns, before launching anything, when it cannot run here (no sm_90a machine
 // code in the build, or a TMA tensor map the driver rejects): the caller falls back (attention_cuda.cu).
@@ -49,7 +50,8 @@ inline constexpr cudaError_t kSm90Refused = cudaErrorNotSupported;
 // instantiates both; Sm90FwdUsePersistent picks one per call.
 // num_ctas: kPersistent only, the CTAs to launch (0: one per SM, asked of the driver; the library passes its cached
 // SM count); the checks use a few to give each CTA many blocks.
-template <typename T, int kHeadDim, int kStages, int kDiag = 0, int kBlockN = 128, bool kPersistent = false>
+template <typename T, int kHeadDim, int kStages, int kDiag = 0, int kBlockN = 128, bool kPersistent = false,
+          bool kMods = false>
 cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                    int num_ctas = 0);
 

@@ -25,13 +25,19 @@ KINDS = {
     "fwd_sm90": (
         "attention_fwd_sm90_impl.cuh",
         "JAX_OPS_INSTANTIATE_ATTENTION_FWD_SM90",
-        ", false",
+        ", false, false",
+        (64, 128),
+    ),
+    "fwd_sm90_mods": (
+        "attention_fwd_sm90_impl.cuh",
+        "JAX_OPS_INSTANTIATE_ATTENTION_FWD_SM90",
+        ", false, true",
         (64, 128),
     ),
     "fwd_sm90_persistent": (
         "attention_fwd_sm90_impl.cuh",
         "JAX_OPS_INSTANTIATE_ATTENTION_FWD_SM90",
-        ", true",
+        ", true, false",
         (64, 128),
     ),
     "bwd_sm90": ("attention_bwd_sm90_impl.cuh", "JAX_OPS_INSTANTIATE_ATTENTION_BWD_SM90", "", (64, 128)),

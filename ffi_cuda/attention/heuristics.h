@@ -16,18 +16,21 @@ inline bool FwdHeadDimSupported(int64_t d) { return Contains(kFwdHeadDims, d); }
 // No head dim 256 backward: its dK/dV accumulators would spill.
 inline bool BwdHeadDimSupported(int64_t d) { return Contains(kBwdHeadDims, d); }
 
-// Hopper kernels: sm_90 only, their head dims, no bias or boolean mask (TMA-fed tiles carry neither), scale > 0
-// (the row max is taken over the raw scores), 32-bit sequence coordinates (TMA).
+// Hopper kernels: sm_90 only, their head dims, scale > 0 (the unmasked forward takes the row max over the raw
+// scores), 32-bit sequence coordinates (TMA). The forward applies a boolean mask and a bias per element (its kMods
+// variant); the backward has neither yet, so those calls run the portable backward.
 inline bool Sm90Eligible(const AttentionParams& p, int cc_major, int cc_minor) {
-  return cc_major == 9 && cc_minor == 0 && !p.has_bias && !p.has_mask && p.scale > 0.f &&
-         p.seqlen_q < (int64_t{1} << 31) && p.seqlen_k < (int64_t{1} << 31);
+  return cc_major == 9 && cc_minor == 0 && p.scale > 0.f && p.seqlen_q < (int64_t{1} << 31) &&
+         p.seqlen_k < (int64_t{1} << 31);
 }
 inline bool Sm90FwdSupports(const AttentionParams& p, int cc_major, int cc_minor) {
   return Contains(kSm90FwdHeadDims, p.head_dim) && Sm90Eligible(p, cc_major, cc_minor);
 }
 inline bool Sm90BwdSupports(const AttentionParams& p, int cc_major, int cc_minor) {
-  return Contains(kSm90BwdHeadDims, p.head_dim) && Sm90Eligible(p, cc_major, cc_minor);
+  return Contains(kSm90BwdHeadDims, p.head_dim) && Sm90Eligible(p, cc_major, cc_minor) && !p.has_bias && !p.has_mask;
 }
+// The forward variant with per-element mask and bias reads (kMods): one CTA per block, never persistent.
+inline bool Sm90FwdMods(const AttentionParams& p) { return p.has_mask || p.has_bias; }
 
 // The portable knob forces the mma.sync kernels (tests run both paths).
 inline bool UseSm90Fwd(const AttentionParams& p, int cc_major, int cc_minor, bool portable) {
@@ -50,6 +53,7 @@ inline bool Sm90FwdUsePersistent(const AttentionParams& p, int num_sms) {
 }
 // The fwd_persistent knob (1 on, 0 off) overrides the rule; -1 keeps it.
 inline bool FwdPersistent(const AttentionParams& p, int num_sms, int64_t forced) {
+  if (Sm90FwdMods(p)) return false;
   return forced >= 0 ? forced == 1 : Sm90FwdUsePersistent(p, num_sms);
 }
 

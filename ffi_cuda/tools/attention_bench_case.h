@@ -22,6 +22,7 @@ struct Case {
   bool causal;
   int64_t wl = -1, wr = -1;
   int q_len = -1, kv_len = -1;  // >= 0: seq lengths for every batch
+  int mods = 0;                 // bit 0: a boolean mask [B, 1, T, S]; bit 1: a bias [1, H, T, S] (the tools' data)
 };
 
 template <typename T>

@@ -7,9 +7,11 @@
 // Usage: attention_fwd_bench [check|small|bench|persist|all]
 //   check: every case with each Hopper variant (2 and 3 stages, 176-key tiles, persistent with one CTA per SM,
 //          with 3 CTAs and with 1 CTA), persistent outputs also compared bitwise with the one-CTA-per-block kernel;
+//          cases with a mask and/or bias run the 3-stage kMods variant and the sm_80 kernel;
 //   small: the check cases up to 700 x 700 (for compute-sanitizer; AFB_WATCHDOG_S=300 there);
-//   bench: TF/s of the variants; persist: only the shipped 3-stage kernel against its persistent variant, and which
-//          of the two the library's rule (Sm90FwdUsePersistent) picks.
+//   bench: TF/s of the variants, and of the kMods variant with a mask, a bias and both;
+//   persist: only the shipped 3-stage kernel against its persistent variant, and which of the two the library's
+//          rule (Sm90FwdUsePersistent) picks.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -34,6 +36,8 @@ int g_diag = 0;      // Hopper timing experiment (kDiag of attention_fwd_sm90_im
 int g_persist = -1;  // Hopper persistent variant (g_stages stages): -1 off, 0 one CTA per SM, k > 0 k CTAs
 template <int D>
 cudaError_t Launch(bool hopper, const AttentionParams& p, const FwdPointers& ptr) {
+  if (hopper && (p.has_mask || p.has_bias))
+    return LaunchAttentionFwdSm90<T, D, 3, 0, 128, false, true>(nullptr, p, ptr);
   if (hopper && g_persist >= 0)
     return g_stages == 3 ? LaunchAttentionFwdSm90<T, D, 3, 0, 128, true>(nullptr, p, ptr, g_persist)
                          : LaunchAttentionFwdSm90<T, D, 2, 0, 128, true>(nullptr, p, ptr, g_persist);
@@ -52,8 +56,25 @@ struct Buffers {
   T *q, *k, *v, *o;
   float* lse;
   int32_t *qsl, *kvsl;
-  std::vector<T> hq, hk, hv;
+  bool* mask = nullptr;  // Case::mods bit 0: [B, 1, T, S]
+  T* bias = nullptr;     // Case::mods bit 1: [1, H, T, S]
+  std::vector<T> hq, hk, hv, hbias;
+  std::vector<char> hmask;
 };
+
+// The tools' mask: ~70 % of the keys, every key of query rows t % 7 == 3 masked (empty rows), all keys of the
+// first 64 rows of batch 1 allowed (whole tiles true).
+__host__ __device__ inline bool ToolMask(int b, int t, int s) {
+  if (t % 7 == 3) return false;
+  if (b == 1 && t < 64) return true;
+  const uint32_t h = (uint32_t(b) * 73856093u) ^ (uint32_t(t) * 19349663u) ^ (uint32_t(s) * 83492791u);
+  return (h >> 7) % 10 < 7;
+}
+__global__ void FillToolMask(bool* mask, int B, int T, int S) {
+  const size_t n = size_t{1} * B * T * S;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
+    mask[i] = ToolMask(static_cast<int>(i / (size_t{1} * T * S)), static_cast<int>(i / S % T), static_cast<int>(i % S));
+}
 
 Buffers Alloc(const Case& c, unsigned seed, bool host_copy = true) {
   Buffers b;
@@ -78,6 +99,31 @@ Buffers Alloc(const Case& c, unsigned seed, bool host_copy = true) {
   std::vector<int32_t> ql(c.B, c.q_len), kl(c.B, c.kv_len);
   CHECK(cudaMemcpy(b.qsl, ql.data(), 4 * c.B, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(b.kvsl, kl.data(), 4 * c.B, cudaMemcpyHostToDevice));
+  const size_t nm = size_t{1} * c.B * c.T * c.S, nb = size_t{1} * c.H * c.T * c.S;
+  if (c.mods & 1) {
+    CHECK(cudaMalloc(&b.mask, nm));
+    if (host_copy) {
+      b.hmask.resize(nm);
+      for (int bb = 0; bb < c.B; ++bb)
+        for (int t = 0; t < c.T; ++t)
+          for (int s = 0; s < c.S; ++s) b.hmask[(size_t{1} * bb * c.T + t) * c.S + s] = ToolMask(bb, t, s);
+      CHECK(cudaMemcpy(b.mask, b.hmask.data(), nm, cudaMemcpyHostToDevice));
+    } else {
+      FillToolMask<<<1024, 256>>>(b.mask, c.B, c.T, c.S);
+    }
+  }
+  if (c.mods & 2) {
+    CHECK(cudaMalloc(&b.bias, nb * 2));
+    if (host_copy) {
+      std::mt19937 rng(seed + 3);
+      std::normal_distribution<float> nd(0.f, 1.f);
+      b.hbias.resize(nb);
+      for (auto& x : b.hbias) x = __float2bfloat16(nd(rng));
+      CHECK(cudaMemcpy(b.bias, b.hbias.data(), nb * 2, cudaMemcpyHostToDevice));
+    } else {
+      FillNormal<<<1024, 256>>>(b.bias, nb, seed + 3);
+    }
+  }
   if (host_copy) {
     CHECK(cudaMemcpy(b.q, b.hq.data(), nq * 2, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(b.k, b.hk.data(), nk * 2, cudaMemcpyHostToDevice));
@@ -93,12 +139,24 @@ Buffers Alloc(const Case& c, unsigned seed, bool host_copy = true) {
 
 void Free(Buffers& b) {
   for (void* p : {static_cast<void*>(b.q), static_cast<void*>(b.k), static_cast<void*>(b.v), static_cast<void*>(b.o),
-                  static_cast<void*>(b.lse), static_cast<void*>(b.qsl), static_cast<void*>(b.kvsl)})
+                  static_cast<void*>(b.lse), static_cast<void*>(b.qsl), static_cast<void*>(b.kvsl),
+                  static_cast<void*>(b.mask), static_cast<void*>(b.bias)})
     cudaFree(p);
 }
 
 FwdPointers Ptrs(const Buffers& b) {
-  return FwdPointers{b.q, b.k, b.v, nullptr, nullptr, b.qsl, b.kvsl, b.o, b.lse, false};
+  return FwdPointers{b.q, b.k, b.v, b.bias, b.mask, b.qsl, b.kvsl, b.o, b.lse, false};
+}
+
+// The kernel parameters of c, with its mask [B, 1, T, S] and bias [1, H, T, S].
+AttentionParams ParamsOf(const Case& c) {
+  AttentionParams p = MakeParams<T>(c);
+  p.has_mask = c.mods & 1;
+  p.mask_strides = {int64_t{c.T} * c.S, 0, c.S, 1};
+  p.has_bias = c.mods & 2;
+  p.bias_strides = {0, int64_t{c.T} * c.S, c.S, 1};
+  p.bias_dtype = p.dtype;
+  return p;
 }
 
 std::string Label(bool hopper) {
@@ -114,7 +172,7 @@ std::string Label(bool hopper) {
 // output element was written (no NaN anywhere; lse may be -inf). o_out/lse_out: the outputs, when given.
 bool Check(const Case& c, bool hopper, std::vector<T>* o_out = nullptr, std::vector<float>* lse_out = nullptr) {
   Progress();
-  AttentionParams p = MakeParams<T>(c);
+  AttentionParams p = ParamsOf(c);
   Buffers b = Alloc(c, 1234 + c.T);
   const size_t nq = size_t{1} * c.B * c.T * c.H * c.D;
   CHECK(cudaMemset(b.o, 0xff, nq * 2));  // NaN poison
@@ -138,19 +196,22 @@ bool Check(const Case& c, bool hopper, std::vector<T>* o_out = nullptr, std::vec
     const int kh = n / (c.H / c.K);
     const int64_t ql = c.q_len >= 0 ? std::min(c.q_len, c.T) : c.T, kl = c.kv_len >= 0 ? std::min(c.kv_len, c.S) : c.S;
     const KeyRange r = AllowedKeys(p, t, ql, kl);
-    std::vector<double> logit(c.S);
+    std::vector<double> logit(c.S, -INFINITY);
     double mx = -INFINITY;
     for (int64_t s = r.lo; s < r.hi; ++s) {
+      if ((c.mods & 1) && !b.hmask[(size_t{1} * bb * c.T + t) * c.S + s]) continue;
       double acc = 0;
       for (int d = 0; d < c.D; ++d)
         acc +=
             double(__bfloat162float(b.hq[p.QOffset(bb, t, n) + d])) * __bfloat162float(b.hk[p.KOffset(bb, s, kh) + d]);
       logit[s] = acc * p.scale;
+      if (c.mods & 2) logit[s] += __bfloat162float(b.hbias[(size_t{1} * n * c.T + t) * c.S + s]);
       mx = std::max(mx, logit[s]);
     }
     double l = 0;
     std::vector<double> out(c.D, 0.0);
     for (int64_t s = r.lo; s < r.hi; ++s) {
+      if (logit[s] == -INFINITY) continue;
       const double w = std::exp(logit[s] - mx);
       l += w;
       for (int d = 0; d < c.D; ++d) out[d] += w * __bfloat162float(b.hv[p.KOffset(bb, s, kh) + d]);
@@ -173,10 +234,10 @@ bool Check(const Case& c, bool hopper, std::vector<T>* o_out = nullptr, std::vec
   const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
   const bool ok = !nan && rel < 1e-2 && lse_err < 1e-2;
   std::printf(
-      "check %-14s B=%d T=%d S=%d H=%d K=%d D=%d causal=%d win=(%lld,%lld) len=(%d,%d): max_abs %.3e rel_l2 %.3e lse "
-      "%.2e %s\n",
+      "check %-14s B=%d T=%d S=%d H=%d K=%d D=%d causal=%d win=(%lld,%lld) len=(%d,%d) mods=%d: max_abs %.3e rel_l2 "
+      "%.3e lse %.2e %s\n",
       Label(hopper).c_str(), c.B, c.T, c.S, c.H, c.K, c.D, c.causal, (long long)c.wl, (long long)c.wr, c.q_len,
-      c.kv_len, max_err, rel, lse_err, ok ? "OK" : "FAIL");
+      c.kv_len, c.mods, max_err, rel, lse_err, ok ? "OK" : "FAIL");
   Free(b);
   if (o_out) *o_out = std::move(ho);
   if (lse_out) *lse_out = std::move(hl);
@@ -196,7 +257,7 @@ bool SameBits(const std::vector<T>& o, const std::vector<float>& lse, const std:
 
 double TimeMs(const Case& c, bool hopper) {
   Progress();
-  AttentionParams p = MakeParams<T>(c);
+  AttentionParams p = ParamsOf(c);
   Buffers b = Alloc(c, 99, /*host_copy=*/false);
   const FwdPointers ptr = Ptrs(b);
   const int reps = c.T <= 2048 ? 50 : 10;
@@ -230,6 +291,17 @@ int main(int argc, char** argv) {
         {3, 520, 400, 4, 2, 128, true, -1, -1, 520, 0},
         {4, 1024, 1024, 16, 4, 64, true},
     };
+    // Mask, bias and both (the kMods variant): ragged tails, odd S (unaligned rows), causal + window + lengths, GQA.
+    const Case mods_cases[] = {
+        {2, 300, 517, 4, 2, 128, false, -1, -1, -1, -1, 1}, {2, 300, 517, 4, 2, 128, true, -1, -1, -1, -1, 2},
+        {2, 640, 640, 4, 2, 64, true, 100, 0, 500, 333, 3}, {2, 1000, 1, 2, 2, 128, false, -1, -1, -1, -1, 3},
+        {1, 1, 1000, 2, 1, 64, false, -1, -1, -1, -1, 3},   {2, 1024, 1024, 8, 2, 128, false, -1, -1, -1, -1, 3},
+    };
+    for (const Case& c : mods_cases) {
+      if (small && int64_t{c.T} * c.S > 700 * 700) continue;
+      all_ok &= Check(c, true);
+      all_ok &= Check(c, false);
+    }
     for (const Case& c : cases) {
       if (small && int64_t{c.T} * c.S > 700 * 700) continue;
       std::vector<T> o2, o3, o;
@@ -302,12 +374,20 @@ int main(int argc, char** argv) {
       const double t_nosoftmax = hopper_ms(3, 2, -1);
       const double t176 = hopper_ms(3, 3, -1);  // kDiag 3 selects the 2-stage 176-key tiles
       const double tp = hopper_ms(3, 0, 0);     // one CTA per SM
+      // The kMods variant on the same shape with a mask, a bias, both (its own data: mods-free flops).
+      double t_mods[3];
+      for (int m = 1; m <= 3; ++m) {
+        Case cm = c;
+        cm.mods = m;
+        t_mods[m - 1] = TimeMs(cm, true);
+      }
       std::printf(
           "bench B=%d H=%d D=%d N=%5d causal=%d: sm80 %6.1f TF/s | sm90 2-stage %6.1f | 3-stage %6.1f | 3-stage "
           "without K/V loads %6.1f | 3-stage without softmax %6.1f | 2-stage 176-key tiles %6.1f | persistent "
-          "3-stage %6.1f TF/s\n",
+          "3-stage %6.1f | mask %6.1f | bias %6.1f | mask+bias %6.1f TF/s\n",
           c.B, c.H, D, N, causal, flops / t80 / 1e9, flops / t90 / 1e9, flops / t93 / 1e9, flops / t_noload / 1e9,
-          flops / t_nosoftmax / 1e9, flops / t176 / 1e9, flops / tp / 1e9);
+          flops / t_nosoftmax / 1e9, flops / t176 / 1e9, flops / tp / 1e9, flops / t_mods[0] / 1e9,
+          flops / t_mods[1] / 1e9, flops / t_mods[2] / 1e9);
     }
   }
   std::printf(all_ok ? "ALL OK\n" : "SOME FAILED\n");

@@ -204,6 +204,68 @@ def test_small_forward_kernels_both_paths(shape, kw, dtype):
     assert rel_l2(outs["0"], outs["1"]) < TOL[dtype]
 
 
+# Masks and biases of every broadcast kind through the Hopper forward's mask/bias variant and the portable kernel:
+# (shape (B, T, S, N, K, D), mask shape, bias shape, bias dtype (None: q's), keywords). Random masks (never pure
+# padding, so they stay masks) with whole rows False; odd S (unaligned rows); T = 1; T != S; GQA.
+def _mods_cases():
+    B2, N4 = 2, 4
+    return [
+        ((B2, 300, 517, N4, 2, 128), (B2, 1, 300, 517), None, None, dict(is_causal=True)),
+        ((B2, 300, 517, N4, 2, 64), None, (1, N4, 300, 517), None, dict()),
+        ((B2, 257, 255, N4, 4, 128), (1, 1, 257, 255), (B2, N4, 257, 255), jnp.float32, dict()),
+        ((1, 200, 130, 2, 1, 64), (1, 2, 200, 130), (1, 1, 1, 130), None, dict(local_window_size=(50, 20))),
+        ((B2, 1, 1000, N4, 1, 128), (B2, 1, 1, 1000), (B2, 1, 1, 1000), jnp.float32, dict()),
+        (
+            (B2, 640, 640, 2, 2, 64),
+            (B2, 1, 640, 1),
+            (1, 2, 640, 640),
+            None,
+            dict(is_causal=True, key_value_seq_lengths=jnp.array([640, 333], jnp.int32)),
+        ),
+    ]
+
+
+@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_small_forward_mask_bias_both_paths(case, dtype):
+    _needs_cuda_target()
+    shape, mask_shape, bias_shape, bias_dtype, kw = _mods_cases()[case]
+    q, k, v = inputs(*shape, dtype, seed=case)
+    km, kb = jax.random.split(jax.random.key(100 + case))
+    mask = None
+    if mask_shape is not None:
+        mask = jax.random.bernoulli(km, 0.7, mask_shape)
+        if mask_shape[2] > 1:
+            mask = mask.at[..., 3, :].set(False)  # a row with no allowed key
+        else:
+            mask = mask.at[0].set(False)  # a batch with no allowed key
+    bias = None
+    if bias_shape is not None:
+        bias = (2 * jax.random.normal(kb, bias_shape, jnp.float32)).astype(bias_dtype or dtype)
+    f32 = lambda x: None if x is None else x.astype(jnp.float32)  # noqa: E731
+    ref, ref_lse = jax_ops.dot_product_attention(
+        f32(q), f32(k), f32(v), f32(bias), mask, implementation="xla", return_residual=True, **kw
+    )
+    outs = {}
+    for portable in (False, True):
+        with attention.overrides(portable=portable):
+            out, lse = jax.jit(
+                lambda q, k, v, b, m: jax_ops.dot_product_attention(
+                    q, k, v, b, m, implementation="ffi", return_residual=True, **kw
+                )
+            )(q, k, v, bias, mask)
+        out = np.asarray(out, np.float32)
+        assert np.isfinite(out).all()
+        assert rel_l2(out, ref) < TOL[dtype]
+        finite = np.isfinite(np.asarray(ref_lse))
+        assert not np.isfinite(np.asarray(lse, np.float32)[~finite]).any()
+        np.testing.assert_allclose(
+            np.asarray(lse, np.float32)[finite], np.asarray(ref_lse)[finite], atol=3e-2, rtol=1e-3
+        )
+        outs[portable] = out
+    assert rel_l2(outs[False], outs[True]) < TOL[dtype]
+
+
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_longest_sequence_32k(is_causal):
     # N = 32768: the two forward kernels (independent implementations) agree, and sampled rows match an fp64
@@ -310,8 +372,9 @@ def test_bwd_gqa_cluster(shape, kw, dtype):
 
 
 # The non-finite cases of test_attention_nonfinite.py on the CUDA kernels: 200 x 200 causal spans several query and
-# key tiles of both paths (the NaN / Inf sits inside a tile that also holds masked entries). Cases without a mask
-# or bias take the Hopper kernels with portable=False (fp16 at head dim 64, bf16 at 128); the others run portable.
+# key tiles of both paths (the NaN / Inf sits inside a tile that also holds masked entries). With portable=False the
+# forward takes the Hopper kernels (fp16 at head dim 64, bf16 at 128; a mask or bias: its mask/bias variant), and so
+# does the backward without a mask or bias.
 @pytest.mark.parametrize("case", NONFINITE_CASES)
 @pytest.mark.parametrize("dtype,D", [(jnp.float16, 64), (jnp.bfloat16, 128)])
 @pytest.mark.parametrize("portable", [False, True])

@@ -2,5 +2,5 @@
 #include "attention/attention_fwd_sm90_impl.cuh"
 
 namespace jax_ops::attention {
-JAX_OPS_INSTANTIATE_ATTENTION_FWD_SM90(__nv_bfloat16, 128, false)
+JAX_OPS_INSTANTIATE_ATTENTION_FWD_SM90(__nv_bfloat16, 128, false, false)
 }  // namespace jax_ops::attention
