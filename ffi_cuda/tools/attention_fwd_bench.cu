@@ -9,6 +9,7 @@
 //          with 3 CTAs and with 1 CTA), persistent outputs also compared bitwise with the one-CTA-per-block kernel;
 //          cases with a mask and/or bias run the 3-stage kMods variant and the sm_80 kernel;
 //   small: the check cases up to 700 x 700 (for compute-sanitizer; AFB_WATCHDOG_S=300 there);
+//   mods-small: only the mask/bias cases of small;
 //   bench: TF/s of the variants, and of the kMods variant with a mask, a bias and both;
 //   persist: only the shipped 3-stage kernel against its persistent variant, and which of the two the library's
 //          rule (Sm90FwdUsePersistent) picks.
@@ -159,8 +160,9 @@ AttentionParams ParamsOf(const Case& c) {
   return p;
 }
 
-std::string Label(bool hopper) {
+std::string Label(bool hopper, int mods = 0) {
   if (!hopper) return "sm80";
+  if (mods) return "sm90 mods";
   if (g_diag == 3) return "sm90 176k";
   std::string l = g_persist >= 0 ? "pers" : "sm90";
   l += g_stages == 3 ? " 3st" : " 2st";
@@ -236,7 +238,7 @@ bool Check(const Case& c, bool hopper, std::vector<T>* o_out = nullptr, std::vec
   std::printf(
       "check %-14s B=%d T=%d S=%d H=%d K=%d D=%d causal=%d win=(%lld,%lld) len=(%d,%d) mods=%d: max_abs %.3e rel_l2 "
       "%.3e lse %.2e %s\n",
-      Label(hopper).c_str(), c.B, c.T, c.S, c.H, c.K, c.D, c.causal, (long long)c.wl, (long long)c.wr, c.q_len,
+      Label(hopper, c.mods).c_str(), c.B, c.T, c.S, c.H, c.K, c.D, c.causal, (long long)c.wl, (long long)c.wr, c.q_len,
       c.kv_len, c.mods, max_err, rel, lse_err, ok ? "OK" : "FAIL");
   Free(b);
   if (o_out) *o_out = std::move(ho);
@@ -274,7 +276,8 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   // small: the check cases up to 700 x 700 (seq lengths with empty blocks, kv_len = 0, tails, T = 1, S = 1), for
   // compute-sanitizer.
-  const bool small = !std::strcmp(mode, "small");
+  const bool mods_only = !std::strcmp(mode, "mods-small");
+  const bool small = !std::strcmp(mode, "small") || mods_only;
   if (!std::strcmp(mode, "check") || !std::strcmp(mode, "all") || small) {
     const Case cases[] = {
         {1, 128, 128, 1, 1, 128, false},
@@ -303,7 +306,7 @@ int main(int argc, char** argv) {
       all_ok &= Check(c, false);
     }
     for (const Case& c : cases) {
-      if (small && int64_t{c.T} * c.S > 700 * 700) continue;
+      if (mods_only || (small && int64_t{c.T} * c.S > 700 * 700)) continue;
       std::vector<T> o2, o3, o;
       std::vector<float> l2, l3, l;
       all_ok &= Check(c, true, &o2, &l2);
