@@ -22,8 +22,9 @@
 //     forward: S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K. It recomputes delta from O and dO (it
 //     cannot read the dq buffer it overwrites).
 // Tiles wholly inside the allowed region skip the position test (uniform branch between two instantiations, as
-// in the forward). Out-of-range rows are zero-filled by TMA and masked. No bias or boolean mask: the dispatcher
-// sends those to the portable kernel (Sm90BwdSupports).
+// in the forward). Out-of-range rows are zero-filled by TMA and masked. kMods: a boolean mask (and a bias, for
+// P; the bias gradient is not computed here, so the dispatcher sends bias calls elsewhere: Sm90BwdSupports) read
+// per element into the recomputed logits of both kernels, as the forward's kMods variant.
 #pragma once
 
 #include <cuda.h>
@@ -210,7 +211,9 @@ __device__ __forceinline__ bool DkDvClusterReduce(float (&acc_dk)[kHeadDim / 2],
 // kPingPong: the two consumer warpgroups take turns issuing S^T / dP^T (named barriers 3 and 4, as the forward),
 // so one's exponentials overlap the other's GEMMs.
 // kCluster: CTAs per cluster sharing one key block's group of query heads (1, 2 or 4; must divide the group).
-template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster = 1>
+// kMods: the boolean mask (and the bias, in P only) read per element into the recomputed logits (LineMods), as
+// the forward's kMods variant.
+template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster = 1, bool kMods = false>
 __global__ void __launch_bounds__(384, 1)
     DkDvSm90Kernel(const AttentionParams p, const FwdPointers ptr, const BwdPointers bp,
                    const __grid_constant__ BwdTensorMaps maps) {
@@ -368,10 +371,11 @@ __global__ void __launch_bounds__(384, 1)
     WgmmaCommit();
   };
   // P^T in place of S^T. Element (key row i, query column c): c = nt * 8 + (lane & 3) * 2 + (e & 1).
-  // masked (std::true_type): a boundary tile; query c is allowed for key i when lo[i] <= c < hi[i].
-  auto probs = [&](int stage, int t0, auto masked) {
+  // masked (std::true_type): a boundary tile; query c is allowed for key i when lo[i] <= c < hi[i]. n: the query
+  // head (kMods reads its mask and bias).
+  auto probs = [&](int stage, int t0, int64_t n, auto masked) {
     const float* lse2 = s_lse + stage * kBM;
-    int lo[2], hi[2];
+    int lo[2] = {0, 0}, hi[2] = {kBM, kBM};
     if constexpr (decltype(masked)::value) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -379,18 +383,32 @@ __global__ void __launch_bounds__(384, 1)
         hi[i] = min(max(key_q_hi[i] - t0, 0), kBM);
       }
     }
+    if constexpr (kMods) {
+      // Log2-domain logits along this thread's two key columns (-inf outside the allowed queries), then
+      // P^T = exp2(x - lse2 of the query).
+      const int64_t key = ws0 + warp * 16 + (lane >> 2);
+      const LineMods mods[2] = {KeyModsOf(p, ptr, b, n, key), KeyModsOf(p, ptr, b, n, key + 8)};
+      ApplyMods<T, decltype(masked)::value, kBM / 8>(p, ptr, st, mods, lo, hi, t0, lane, scale_log2);
 #pragma unroll
-    for (int nt = 0; nt < kBM / 8; ++nt) {
-      const int c = nt * 8 + (lane & 3) * 2;
-      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + c);
+      for (int nt = 0; nt < kBM / 8; ++nt) {
+        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + nt * 8 + (lane & 3) * 2);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = FastExp2(fmaf(st[nt * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
-        if constexpr (decltype(masked)::value) {
-          const int cc = c + (e & 1);
-          if (cc < lo[e >> 1] || cc >= hi[e >> 1]) v = 0.f;
+        for (int e = 0; e < 4; ++e) st[nt * 4 + e] = FastExp2(st[nt * 4 + e] - ((e & 1) ? l2.y : l2.x));
+      }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kBM / 8; ++nt) {
+        const int c = nt * 8 + (lane & 3) * 2;
+        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + c);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = FastExp2(fmaf(st[nt * 4 + e], scale_log2, -((e & 1) ? l2.y : l2.x)));
+          if constexpr (decltype(masked)::value) {
+            const int cc = c + (e & 1);
+            if (cc < lo[e >> 1] || cc >= hi[e >> 1]) v = 0.f;
+          }
+          st[nt * 4 + e] = v;
         }
-        st[nt * 4 + e] = v;
       }
     }
   };
@@ -427,10 +445,11 @@ __global__ void __launch_bounds__(384, 1)
       if (kPingPong && !(cw == 1 && j == iters - 1)) NamedBarrierArrive(other_turn, 256);
       WgmmaWait<1>();  // S^T(j) done
       FenceRegs(st);
+      const int64_t n = head0 + j / tiles;
       if (t0 >= inner_lo && t0 <= inner_hi - kBM) {
-        probs(stage, t0, std::false_type{});
+        probs(stage, t0, n, std::false_type{});
       } else {
-        probs(stage, t0, std::true_type{});
+        probs(stage, t0, n, std::true_type{});
       }
       if constexpr (kDvEarly) {
         PackAFrags<T>(pa, st);
@@ -504,8 +523,8 @@ struct DqTraits {
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 };
 
-// kPingPong: as DkDvSm90Kernel, for S / dP.
-template <typename T, int kHeadDim, int kBlockN, int kStages, bool kPingPong>
+// kPingPong: as DkDvSm90Kernel, for S / dP. kMods: as DkDvSm90Kernel.
+template <typename T, int kHeadDim, int kBlockN, int kStages, bool kPingPong, bool kMods = false>
 __global__ void __launch_bounds__(384, 1)
     DqSm90Kernel(const AttentionParams p, const FwdPointers ptr, const BwdPointers bp,
                  const __grid_constant__ BwdTensorMaps maps) {
@@ -649,25 +668,33 @@ __global__ void __launch_bounds__(384, 1)
   };
   // P in place of S; key column c = nt * 8 + (lane & 3) * 2 + (e & 1) is allowed for row i when lo[i] <= c < hi[i].
   auto probs = [&](int j, auto masked) {
-    int lo[2], hi[2];
+    const int64_t s0 = int64_t{tile_lo + j} * kBN;
+    int lo[2] = {0, 0}, hi[2] = {kBN, kBN};
     if constexpr (decltype(masked)::value) {
-      const int64_t s0 = int64_t{tile_lo + j} * kBN;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         lo[i] = static_cast<int>(Min64(Max64(row_keys[i].lo - s0, 0), kBN));
         hi[i] = static_cast<int>(Min64(Max64(row_keys[i].hi - s0, 0), kBN));
       }
     }
+    if constexpr (kMods) {
+      // Log2-domain logits with the mask and bias (-inf outside the allowed positions), then P = exp2(x - lse2).
+      const LineMods mods[2] = {RowModsOf(p, ptr, b, n, rows[0]), RowModsOf(p, ptr, b, n, rows[1])};
+      ApplyMods<T, decltype(masked)::value, kBN / 8>(p, ptr, s, mods, lo, hi, s0, lane, scale_log2);
 #pragma unroll
-    for (int nt = 0; nt < kBN / 8; ++nt) {
+      for (int i = 0; i < kBN / 2; ++i) s[i] = FastExp2(s[i] - lse2[(i >> 1) & 1]);
+    } else {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = FastExp2(fmaf(s[nt * 4 + e], scale_log2, -lse2[e >> 1]));
-        if constexpr (decltype(masked)::value) {
-          const int c = nt * 8 + (lane & 3) * 2 + (e & 1);
-          if (c < lo[e >> 1] || c >= hi[e >> 1]) v = 0.f;
+      for (int nt = 0; nt < kBN / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float v = FastExp2(fmaf(s[nt * 4 + e], scale_log2, -lse2[e >> 1]));
+          if constexpr (decltype(masked)::value) {
+            const int c = nt * 8 + (lane & 3) * 2 + (e & 1);
+            if (c < lo[e >> 1] || c >= hi[e >> 1]) v = 0.f;
+          }
+          s[nt * 4 + e] = v;
         }
-        s[nt * 4 + e] = v;
       }
     }
   };
@@ -724,11 +751,11 @@ __global__ void __launch_bounds__(384, 1)
 namespace hopper {
 
 // The dK/dV launch: a plain one for kCluster = 1, else clusters of (kCluster, 1, 1) along the key blocks.
-template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster>
+template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster, bool kMods = false>
 cudaError_t LaunchDkDv(cudaStream_t stream, dim3 grid, const AttentionParams& p, const FwdPointers& ptr,
                        const BwdPointers& bp, const BwdTensorMaps& maps) {
   using Tr = DkDvTraits<kHeadDim, kStages>;
-  const auto kernel = DkDvSm90Kernel<T, kHeadDim, kStages, kDvEarly, kPingPong, kCluster>;
+  const auto kernel = DkDvSm90Kernel<T, kHeadDim, kStages, kDvEarly, kPingPong, kCluster, kMods>;
   if constexpr (kCluster == 1) {
     kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(p, ptr, bp, maps);
     return cudaGetLastError();
@@ -743,10 +770,10 @@ cudaError_t LaunchDkDv(cudaStream_t stream, dim3 grid, const AttentionParams& p,
 // How many clusters of the dK/dV kernel fit on the current device at once (0: none, e.g. a GPU partition without
 // enough SMs in one GPC; -1: the query failed). Opts the kernel into its shared memory on this device first (the
 // query needs it).
-template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster>
+template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster, bool kMods = false>
 int DkDvActiveClusters() {
   using Tr = DkDvTraits<kHeadDim, kStages>;
-  const auto kernel = DkDvSm90Kernel<T, kHeadDim, kStages, kDvEarly, kPingPong, kCluster>;
+  const auto kernel = DkDvSm90Kernel<T, kHeadDim, kStages, kDvEarly, kPingPong, kCluster, kMods>;
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
@@ -766,7 +793,7 @@ int DkDvActiveClusters() {
 // Whether any cluster of the dK/dV kernel fits on the current device (DkDvActiveClusters > 0), asked once per
 // device and instantiation (the answer depends on the device, e.g. a MIG slice); a failed query answers "no" for
 // this call only and is asked again next time. Thread-safe.
-template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster>
+template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster, bool kMods = false>
 bool DkDvClustersFit() {
   static std::mutex mu;
   static std::map<int, bool> fits;
@@ -778,7 +805,7 @@ bool DkDvClustersFit() {
   std::lock_guard<std::mutex> lock(mu);
   const auto it = fits.find(dev);
   if (it != fits.end()) return it->second;
-  const int clusters = DkDvActiveClusters<T, kHeadDim, kStages, kDvEarly, kPingPong, kCluster>();
+  const int clusters = DkDvActiveClusters<T, kHeadDim, kStages, kDvEarly, kPingPong, kCluster, kMods>();
   if (clusters < 0) return false;
   fits.emplace(dev, clusters > 0);
   return clusters > 0;
@@ -788,14 +815,17 @@ bool DkDvClustersFit() {
 
 // kParts (timing experiments of ffi_cuda/tools/attention_bwd_bench.cu only; results are wrong unless 7): bit 0 the
 // delta kernel, bit 1 the dK/dV kernel, bit 2 the dQ kernel. kDkDvCluster: see DkDvSm90Kernel; refused (before
-// launching anything) unless it divides the group and such clusters fit on the device.
+// launching anything) unless it divides the group and such clusters fit on the device. kMods: the variant for
+// calls with a boolean mask or a bias (refused for the others, and the others refuse these).
 template <typename T, int kHeadDim, int kDkDvStages, bool kDvEarly, int kDqBlockN, int kDqStages,
-          bool kPingPong = false, int kParts = 7, int kDkDvCluster = 1>
+          bool kPingPong = false, int kParts = 7, int kDkDvCluster = 1, bool kMods = false>
 cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                           const BwdPointers& bp) {
   using DkDv = hopper::DkDvTraits<kHeadDim, kDkDvStages>;
   using Dq = hopper::DqTraits<kHeadDim, kDqBlockN, kDqStages>;
-  const auto dkdv_kernel = hopper::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>;
+  const auto dkdv_kernel = hopper::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster, kMods>;
+  const auto dq_kernel = hopper::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong, kMods>;
+  if (kMods != (p.has_mask || p.has_bias)) return kSm90Refused;
   if (p.batch == 0 || p.num_heads == 0) return cudaSuccess;
   // Empty sequences (tensor maps need nonzero extents) and absurd loop counts go to the portable kernel.
   const int64_t q_tiles = (p.seqlen_q + DkDv::kBlockM - 1) / DkDv::kBlockM;
@@ -803,19 +833,15 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   if (p.group % kDkDvCluster != 0) return kSm90Refused;
   cudaError_t attr_status = SetDynamicSmemOnce(reinterpret_cast<const void*>(dkdv_kernel), DkDv::kSmemBytes);
   if (attr_status == cudaSuccess)
-    attr_status = SetDynamicSmemOnce(
-        reinterpret_cast<const void*>(&hopper::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>),
-        Dq::kSmemBytes);
+    attr_status = SetDynamicSmemOnce(reinterpret_cast<const void*>(dq_kernel), Dq::kSmemBytes);
   if (attr_status != cudaSuccess) return attr_status;
   // A build without sm_90a machine code would run the empty (non-sm90a) bodies: refuse instead of returning garbage.
-  static const bool sm90_code =
-      KernelBinaryVersion(reinterpret_cast<const void*>(
-          &hopper::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>)) == 90 &&
-      KernelBinaryVersion(
-          reinterpret_cast<const void*>(&hopper::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>)) == 90;
+  static const bool sm90_code = KernelBinaryVersion(reinterpret_cast<const void*>(dkdv_kernel)) == 90 &&
+                                KernelBinaryVersion(reinterpret_cast<const void*>(dq_kernel)) == 90;
   if (!sm90_code) return kSm90Refused;
   if constexpr (kDkDvCluster > 1) {
-    if (!hopper::DkDvClustersFit<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>()) return kSm90Refused;
+    if (!hopper::DkDvClustersFit<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster, kMods>())
+      return kSm90Refused;
   }
   hopper::BwdTensorMaps kv_maps, q_maps;  // for the dK/dV kernel (64-query boxes) and the dQ kernel (128-row boxes)
   const int64_t B = p.batch, T_ = p.seqlen_q, S = p.seqlen_k, N = p.num_heads, K = p.num_kv_heads;
@@ -838,15 +864,14 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   if (kParts & 2) {
     const dim3 grid(static_cast<unsigned>((S + DkDv::kBlockN - 1) / DkDv::kBlockN), static_cast<unsigned>(K),
                     static_cast<unsigned>(B));
-    const cudaError_t err = hopper::LaunchDkDv<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster>(
+    const cudaError_t err = hopper::LaunchDkDv<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster, kMods>(
         stream, grid, p, ptr, bp, kv_maps);
     if (err != cudaSuccess) return err;
   }
   if (kParts & 4) {
     const dim3 grid(static_cast<unsigned>((T_ + Dq::kBlockM - 1) / Dq::kBlockM), static_cast<unsigned>(N),
                     static_cast<unsigned>(B));
-    hopper::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong>
-        <<<grid, Dq::kThreads, Dq::kSmemBytes, stream>>>(p, ptr, bp, q_maps);
+    dq_kernel<<<grid, Dq::kThreads, Dq::kSmemBytes, stream>>>(p, ptr, bp, q_maps);
   }
   return cudaGetLastError();
 }
@@ -854,7 +879,7 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
 // The default tiling with the dK/dV cluster size `setting` (the bwd_cluster attribute: -1 = the rule, 1, 2 or 4);
 // num_sms as LaunchAttentionBwdSm90's. A cluster variant that refuses (before launching anything: no cluster fits on
 // this device) falls back to J = 1.
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kMods = false>
 cudaError_t LaunchAttentionBwdSm90Cluster(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                           const BwdPointers& bp, int setting, int num_sms = 0) {
   constexpr int kStages = kSm90BwdDkDvStages, kDqN = kSm90BwdDqBlockN<kHeadDim>;
@@ -872,19 +897,22 @@ cudaError_t LaunchAttentionBwdSm90Cluster(cudaStream_t stream, const AttentionPa
     }
     cudaError_t err = kSm90Refused;
     if (cluster == 2)
-      err = LaunchAttentionBwdSm90Variant<T, kHeadDim, kStages, kEarly, kDqN, kSm90BwdDqStages, false, 7, 2>(stream, p,
-                                                                                                             ptr, bp);
+      err = LaunchAttentionBwdSm90Variant<T, kHeadDim, kStages, kEarly, kDqN, kSm90BwdDqStages, false, 7, 2, kMods>(
+          stream, p, ptr, bp);
     else if (cluster == 4)
-      err = LaunchAttentionBwdSm90Variant<T, kHeadDim, kStages, kEarly, kDqN, kSm90BwdDqStages, false, 7, 4>(stream, p,
-                                                                                                             ptr, bp);
+      err = LaunchAttentionBwdSm90Variant<T, kHeadDim, kStages, kEarly, kDqN, kSm90BwdDqStages, false, 7, 4, kMods>(
+          stream, p, ptr, bp);
     if (err != kSm90Refused) return err;  // refused before launching anything: J = 1 below
   }
-  return LaunchAttentionBwdSm90Variant<T, kHeadDim, kStages, kEarly, kDqN, kSm90BwdDqStages>(stream, p, ptr, bp);
+  return LaunchAttentionBwdSm90Variant<T, kHeadDim, kStages, kEarly, kDqN, kSm90BwdDqStages, false, 7, 1, kMods>(
+      stream, p, ptr, bp);
 }
 
 template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionBwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                    const BwdPointers& bp, int cluster, int num_sms) {
+  if (p.has_mask || p.has_bias)
+    return LaunchAttentionBwdSm90Cluster<T, kHeadDim, true>(stream, p, ptr, bp, cluster, num_sms);
   return LaunchAttentionBwdSm90Cluster<T, kHeadDim>(stream, p, ptr, bp, cluster, num_sms);
 }
 

@@ -14,7 +14,7 @@
 // rows) as 16-byte coalesced stores.
 //
 // kMods: the boolean mask and the additive bias (any broadcast shape), read per element from global memory into the
-// S accumulators of every tile (RowMods). The softmax then runs on log2-domain logits instead of raw scores (the
+// S accumulators of every tile (LineMods). The softmax then runs on log2-domain logits instead of raw scores (the
 // bias breaks the "max of the scores is the max of the logits" shortcut). One CTA per block only.
 //
 // kPersistent: one CTA per SM instead of one per block; each CTA loops over the blocks a static heavy-first
@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(384, 1)
       if constexpr (kMods) {
         // Mask and bias at the allowed positions only (the others are outside the row's keys, maybe past S). The
         // row pointers are made per tile from live values: kept across the loop they would spill.
-        const RowMods mods[2] = {RowModsOf(p, ptr, b, n, rows[0]), RowModsOf(p, ptr, b, n, rows[1])};
+        const LineMods mods[2] = {RowModsOf(p, ptr, b, n, rows[0]), RowModsOf(p, ptr, b, n, rows[1])};
         ApplyMods<T, decltype(masked)::value, kNT>(p, ptr, s, mods, lo, hi, s0, lane, scale_log2);
       } else if constexpr (decltype(masked)::value) {
 #pragma unroll

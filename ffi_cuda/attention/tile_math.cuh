@@ -40,49 +40,61 @@ __device__ __forceinline__ SeqLens SeqLensOf(const AttentionParams& p, const Fwd
           p.has_kv_seqlen ? Min64(Max64(ptr.kv_seqlen[b], 0), p.seqlen_k) : p.seqlen_k};
 }
 
-// The boolean mask and additive bias of one query row of one (batch, head), read per element from global memory
-// by the Hopper kernels' kMods variants (a broadcast mask or bias stays in L2): pointers at key 0 of the row and
-// the key strides (0 on a broadcast key dim). Null pointers: no mask, no bias.
-struct RowMods {
+// The boolean mask and additive bias along one line of the [T, S] logits of one (batch, head) -- a query row
+// (RowModsOf: the forward and dQ kernels) or a key column (KeyModsOf: the dK/dV kernel) -- read per element from
+// global memory by the Hopper kernels' kMods variants (a broadcast mask or bias stays in L2): pointers at
+// position 0 of the line and the element steps along it (0 on a broadcast dim). Null pointers: no mask, no bias.
+struct LineMods {
   const unsigned char* mask;
   const void* bias;
-  int64_t mask_s, bias_s;
+  int64_t mask_step, bias_step;
 
-  // The log2-domain logit of raw score x at key s: x * scale_log2 + bias * log2e; -inf where the mask is false
-  // (a select, so a masked key's NaN bias never reaches the softmax). BiasT: the bias's element type, void for none.
+  // The log2-domain logit of raw score x at position i of the line: x * scale_log2 + bias * log2e; -inf where the
+  // mask is false (a select, so a masked key's NaN bias never reaches the softmax). BiasT: the bias's element
+  // type, void for none.
   template <typename BiasT>
-  __device__ __forceinline__ float Logit(float x, int64_t s, float scale_log2) const {
+  __device__ __forceinline__ float Logit(float x, int64_t i, float scale_log2) const {
     constexpr float kLog2e = 1.4426950408889634f;
     x *= scale_log2;
     if constexpr (!std::is_void_v<BiasT>)
-      x = fmaf(ToAcc(__ldg(static_cast<const BiasT*>(bias) + s * bias_s)), kLog2e, x);
-    if (mask != nullptr && !__ldg(mask + s * mask_s)) x = -INFINITY;
+      x = fmaf(ToAcc(__ldg(static_cast<const BiasT*>(bias) + i * bias_step)), kLog2e, x);
+    if (mask != nullptr && !__ldg(mask + i * mask_step)) x = -INFINITY;
     return x;
   }
 };
 
-// RowMods of row t (clamped to [0, T): rows past T are never read) of (b, n).
-__device__ __forceinline__ RowMods RowModsOf(const AttentionParams& p, const FwdPointers& ptr, int64_t b, int64_t n,
-                                             int64_t t) {
-  t = Min64(Max64(t, 0), p.seqlen_q - 1);
-  RowMods r;
-  r.mask = p.has_mask ? reinterpret_cast<const unsigned char*>(ptr.mask) + p.mask_strides.Offset(b, n, t, 0) : nullptr;
-  r.mask_s = p.mask_strides.s;
-  const int64_t bias_off = p.bias_strides.Offset(b, n, t, 0);
+// The LineMods through element (b, n, t, s), along the keys (along_keys) or the queries.
+__device__ __forceinline__ LineMods LineModsAt(const AttentionParams& p, const FwdPointers& ptr, int64_t b, int64_t n,
+                                               int64_t t, int64_t s, bool along_keys) {
+  LineMods r;
+  r.mask = p.has_mask ? reinterpret_cast<const unsigned char*>(ptr.mask) + p.mask_strides.Offset(b, n, t, s) : nullptr;
+  r.mask_step = along_keys ? p.mask_strides.s : p.mask_strides.t;
+  const int64_t bias_off = p.bias_strides.Offset(b, n, t, s);
   r.bias = !p.has_bias       ? nullptr
            : ptr.bias_is_f32 ? static_cast<const void*>(static_cast<const float*>(ptr.bias) + bias_off)
                              : static_cast<const void*>(static_cast<const unsigned char*>(ptr.bias) + 2 * bias_off);
-  r.bias_s = p.bias_strides.s;
+  r.bias_step = along_keys ? p.bias_strides.s : p.bias_strides.t;
   return r;
 }
+// Query row t of (b, n), clamped to [0, T) (rows past T are never read).
+__device__ __forceinline__ LineMods RowModsOf(const AttentionParams& p, const FwdPointers& ptr, int64_t b, int64_t n,
+                                              int64_t t) {
+  return LineModsAt(p, ptr, b, n, Min64(Max64(t, 0), p.seqlen_q - 1), 0, true);
+}
+// Key column s of (b, n), clamped to [0, S) (keys past S are never read).
+__device__ __forceinline__ LineMods KeyModsOf(const AttentionParams& p, const FwdPointers& ptr, int64_t b, int64_t n,
+                                              int64_t s) {
+  return LineModsAt(p, ptr, b, n, 0, Min64(Max64(s, 0), p.seqlen_k - 1), false);
+}
 
-// One S tile of a kMods kernel (the wgmma m64nN accumulator layout of kNT 8-column tiles: element nt * 4 + e
-// is row e >> 1 of the thread's two, column nt * 8 + (lane & 3) * 2 + (e & 1)) turned into log2-domain logits.
-// kPositions: a boundary tile, whose columns outside [lo[i], hi[i]) are -inf and not read (maybe past S).
-// BiasT: the bias's element type, void without a bias.
+// One S (or S^T) tile of a kMods kernel (the wgmma m64nN accumulator layout of kNT 8-column tiles: element
+// nt * 4 + e is row e >> 1 of the thread's two, column nt * 8 + (lane & 3) * 2 + (e & 1)) turned into log2-domain
+// logits; mods[i] is row i's line, whose column c sits at position x0 + c. kPositions: a boundary tile, whose
+// columns outside [lo[i], hi[i]) are -inf and not read (maybe past the line's end). BiasT: the bias's element
+// type, void without a bias.
 template <typename BiasT, bool kPositions, int kNT>
-__device__ __forceinline__ void ModsToLogits(float* s, const RowMods (&mods)[2], const int (&lo)[2], const int (&hi)[2],
-                                             int64_t s0, int lane, float scale_log2) {
+__device__ __forceinline__ void ModsToLogits(float* s, const LineMods (&mods)[2], const int (&lo)[2],
+                                             const int (&hi)[2], int64_t x0, int lane, float scale_log2) {
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -91,7 +103,7 @@ __device__ __forceinline__ void ModsToLogits(float* s, const RowMods (&mods)[2],
       if (kPositions && (c < lo[e >> 1] || c >= hi[e >> 1])) {
         s[nt * 4 + e] = -INFINITY;
       } else {
-        s[nt * 4 + e] = mods[e >> 1].template Logit<BiasT>(s[nt * 4 + e], s0 + c, scale_log2);
+        s[nt * 4 + e] = mods[e >> 1].template Logit<BiasT>(s[nt * 4 + e], x0 + c, scale_log2);
       }
     }
   }
@@ -100,14 +112,14 @@ __device__ __forceinline__ void ModsToLogits(float* s, const RowMods (&mods)[2],
 // ModsToLogits with the call's bias type (a uniform branch over the three instantiations).
 template <typename T, bool kPositions, int kNT>
 __device__ __forceinline__ void ApplyMods(const AttentionParams& p, const FwdPointers& ptr, float* s,
-                                          const RowMods (&mods)[2], const int (&lo)[2], const int (&hi)[2], int64_t s0,
+                                          const LineMods (&mods)[2], const int (&lo)[2], const int (&hi)[2], int64_t x0,
                                           int lane, float scale_log2) {
   if (!p.has_bias) {
-    ModsToLogits<void, kPositions, kNT>(s, mods, lo, hi, s0, lane, scale_log2);
+    ModsToLogits<void, kPositions, kNT>(s, mods, lo, hi, x0, lane, scale_log2);
   } else if (ptr.bias_is_f32) {
-    ModsToLogits<float, kPositions, kNT>(s, mods, lo, hi, s0, lane, scale_log2);
+    ModsToLogits<float, kPositions, kNT>(s, mods, lo, hi, x0, lane, scale_log2);
   } else {
-    ModsToLogits<T, kPositions, kNT>(s, mods, lo, hi, s0, lane, scale_log2);
+    ModsToLogits<T, kPositions, kNT>(s, mods, lo, hi, x0, lane, scale_log2);
   }
 }
 

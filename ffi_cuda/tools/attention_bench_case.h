@@ -54,6 +54,27 @@ jax_ops::attention::AttentionParams MakeParams(const Case& c) {
   return p;
 }
 
+// The tools' mask ([B, 1, T, S] when Case::mods & 1): ~70 % of the keys, every key of query rows t % 7 == 3 masked
+// (empty rows), all keys of the first 64 rows of batch 1 allowed (whole tiles true).
+__host__ __device__ inline bool ToolMask(int b, int t, int s) {
+  if (t % 7 == 3) return false;
+  if (b == 1 && t < 64) return true;
+  const uint32_t h = (uint32_t(b) * 73856093u) ^ (uint32_t(t) * 19349663u) ^ (uint32_t(s) * 83492791u);
+  return (h >> 7) % 10 < 7;
+}
+
+// MakeParams with the case's mask [B, 1, T, S] and bias [1, H, T, S] (Case::mods).
+template <typename T>
+jax_ops::attention::AttentionParams ParamsOf(const Case& c) {
+  jax_ops::attention::AttentionParams p = MakeParams<T>(c);
+  p.has_mask = c.mods & 1;
+  p.mask_strides = {int64_t{c.T} * c.S, 0, c.S, 1};
+  p.has_bias = c.mods & 2;
+  p.bias_strides = {0, int64_t{c.T} * c.S, c.S, 1};
+  p.bias_dtype = p.dtype;
+  return p;
+}
+
 // A hung kernel (a barrier phase out of step) would hold the GPU: every step bumps this clock and a watchdog exits
 // when one takes longer than $<env_var> seconds (default 20; more under compute-sanitizer).
 inline std::atomic<int64_t> g_progress_ms{0};

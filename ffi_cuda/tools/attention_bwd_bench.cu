@@ -7,7 +7,8 @@
 //     -o attention_bwd_bench
 // Usage: attention_bwd_bench [check|bench|all|small|gqa|gqa-small]   (small / gqa-small: two cases, default
 // kernels (J = 1 and the GQA cluster rule) / the cluster variants J = 2 and 4, for compute-sanitizer; gqa: the
-// GQA dK/dV cluster variants only, check + determinism + timing)
+// GQA dK/dV cluster variants only, check + determinism + timing). Cases with a boolean mask (Case::mods & 1) run
+// the kMods kernels (J = 1, 2, 4 and the rule) and the portable one.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -60,16 +61,17 @@ int NumSms() {
 }
 // The J that variant 9 runs (the rule; J = 1 also where no cluster fits, which BenchGqa prints).
 int AutoCluster(const AttentionParams& p) { return Sm90BwdDkDvCluster(p, NumSms()); }
-template <typename T, int D, int kParts = 7>
+template <typename T, int D, int kParts = 7, bool kMods = false>
 cudaError_t LaunchVariant(int variant, const AttentionParams& p, const FwdPointers& ptr, const BwdPointers& bp) {
   constexpr bool kEarly = kSm90BwdDvEarly<D>;
   constexpr int kDqN = kSm90BwdDqBlockN<D>;
+  if (kMods && variant >= 2 && variant <= 6) return cudaErrorNotSupported;  // tiling experiments: no kMods build
   switch (variant) {
     case 0:
       return LaunchAttentionBwd<T, D>(nullptr, p, ptr, bp);
     case 1:  // J = 1: what LaunchAttentionBwdSm90 runs for MHA
-      return LaunchAttentionBwdSm90Variant<T, D, kSm90BwdDkDvStages, kEarly, kDqN, kSm90BwdDqStages, false, kParts>(
-          nullptr, p, ptr, bp);
+      return LaunchAttentionBwdSm90Variant<T, D, kSm90BwdDkDvStages, kEarly, kDqN, kSm90BwdDqStages, false, kParts, 1,
+                                           kMods>(nullptr, p, ptr, bp);
     case 2:
       return LaunchAttentionBwdSm90Variant<T, D, 3, kEarly, kDqN, kSm90BwdDqStages>(nullptr, p, ptr, bp);
     case 3:
@@ -86,19 +88,24 @@ cudaError_t LaunchVariant(int variant, const AttentionParams& p, const FwdPointe
       return LaunchAttentionBwdSm90Variant<T, D, kSm90BwdDkDvStages, kEarly, kDqN, kSm90BwdDqStages, true>(nullptr, p,
                                                                                                            ptr, bp);
     case 7:
-      return LaunchAttentionBwdSm90Variant<T, D, kSm90BwdDkDvStages, kEarly, kDqN, kSm90BwdDqStages, false, kParts, 2>(
-          nullptr, p, ptr, bp);
+      return LaunchAttentionBwdSm90Variant<T, D, kSm90BwdDkDvStages, kEarly, kDqN, kSm90BwdDqStages, false, kParts, 2,
+                                           kMods>(nullptr, p, ptr, bp);
     case 8:
-      return LaunchAttentionBwdSm90Variant<T, D, kSm90BwdDkDvStages, kEarly, kDqN, kSm90BwdDqStages, false, kParts, 4>(
-          nullptr, p, ptr, bp);
+      return LaunchAttentionBwdSm90Variant<T, D, kSm90BwdDkDvStages, kEarly, kDqN, kSm90BwdDqStages, false, kParts, 4,
+                                           kMods>(nullptr, p, ptr, bp);
     case 9:  // what LaunchAttentionBwdSm90 runs by default (the rule)
-      if constexpr (kParts == 7) return LaunchAttentionBwdSm90Cluster<T, D>(nullptr, p, ptr, bp, -1, NumSms());
+      if constexpr (kParts == 7) return LaunchAttentionBwdSm90Cluster<T, D, kMods>(nullptr, p, ptr, bp, -1, NumSms());
       return cudaErrorInvalidValue;
   }
   return cudaErrorInvalidValue;
 }
 template <typename T, int kParts = 7>
 cudaError_t LaunchAny(int variant, const AttentionParams& p, const FwdPointers& ptr, const BwdPointers& bp) {
+  if (p.has_mask) {
+    if constexpr (kParts != 7) return cudaErrorNotSupported;  // timings run mask-free cases
+    return p.head_dim == 64 ? LaunchVariant<T, 64, 7, true>(variant, p, ptr, bp)
+                            : LaunchVariant<T, 128, 7, true>(variant, p, ptr, bp);
+  }
   return p.head_dim == 64 ? LaunchVariant<T, 64, kParts>(variant, p, ptr, bp)
                           : LaunchVariant<T, 128, kParts>(variant, p, ptr, bp);
 }
@@ -108,6 +115,7 @@ struct Buffers {
   T *q, *k, *v, *o, *d_o, *dq, *dk, *dv;
   float* lse;
   int32_t *qsl, *kvsl;
+  bool* mask = nullptr;  // Case::mods bit 0: ToolMask [B, 1, T, S]
   size_t nq, nk, nl;
 };
 
@@ -125,6 +133,15 @@ Buffers<T> Alloc(const Case& c) {
   std::vector<int32_t> ql(c.B, c.q_len), kl(c.B, c.kv_len);
   CHECK(cudaMemcpy(b.qsl, ql.data(), 4 * c.B, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(b.kvsl, kl.data(), 4 * c.B, cudaMemcpyHostToDevice));
+  if (c.mods & 1) {
+    const size_t nm = size_t{1} * c.B * c.T * c.S;
+    std::vector<char> hm(nm);
+    for (size_t i = 0; i < nm; ++i)
+      hm[i] = ToolMask(static_cast<int>(i / (size_t{1} * c.T * c.S)), static_cast<int>(i / c.S % c.T),
+                       static_cast<int>(i % c.S));
+    CHECK(cudaMalloc(&b.mask, nm));
+    CHECK(cudaMemcpy(b.mask, hm.data(), nm, cudaMemcpyHostToDevice));
+  }
   return b;
 }
 template <typename T>
@@ -132,12 +149,12 @@ void Free(Buffers<T>& b) {
   for (void* x :
        {static_cast<void*>(b.q), static_cast<void*>(b.k), static_cast<void*>(b.v), static_cast<void*>(b.o),
         static_cast<void*>(b.d_o), static_cast<void*>(b.dq), static_cast<void*>(b.dk), static_cast<void*>(b.dv),
-        static_cast<void*>(b.lse), static_cast<void*>(b.qsl), static_cast<void*>(b.kvsl)})
+        static_cast<void*>(b.lse), static_cast<void*>(b.qsl), static_cast<void*>(b.kvsl), static_cast<void*>(b.mask)})
     cudaFree(x);
 }
 template <typename T>
 FwdPointers Ptrs(const Buffers<T>& b) {
-  return FwdPointers{b.q, b.k, b.v, nullptr, nullptr, b.qsl, b.kvsl, b.o, b.lse, false};
+  return FwdPointers{b.q, b.k, b.v, nullptr, b.mask, b.qsl, b.kvsl, b.o, b.lse, false};
 }
 template <typename T>
 BwdPointers BwdPtrs(const Buffers<T>& b) {
@@ -167,12 +184,17 @@ void RefHead(const AttentionParams& p, const Case& c, const std::vector<double>&
     const double* dor = &d_o[p.QOffset(b, t, n)];
     double mx = -INFINITY;
     for (int64_t s = kr.lo; s < kr.hi; ++s) {
+      if ((c.mods & 1) && !ToolMask(b, t, static_cast<int>(s))) {
+        pr[s] = -INFINITY;  // exp gives P = 0: no contribution anywhere below
+        continue;
+      }
       const double* kr_ = &k[p.KOffset(b, s, kh)];
       double acc = 0;
       for (int d = 0; d < D; ++d) acc += qr[d] * kr_[d];
       pr[s] = acc * p.scale;
       mx = std::max(mx, pr[s]);
     }
+    if (mx == -INFINITY) continue;  // every key masked: an empty row
     double l = 0;
     for (int64_t s = kr.lo; s < kr.hi; ++s) l += std::exp(pr[s] - mx);
     const double lse = mx + std::log(l);
@@ -223,7 +245,7 @@ struct HostCase {
 // Fresh random inputs (the dtype's values), the fp64 forward for o / lse and the fp64 gradients.
 template <typename T>
 HostCase<T> MakeHostCase(const Case& c, unsigned seed) {
-  const AttentionParams p = MakeParams<T>(c);
+  const AttentionParams p = ParamsOf<T>(c);
   HostCase<T> h;
   const size_t nq = size_t{1} * c.B * c.T * c.H * c.D, nk = size_t{1} * c.B * c.S * c.K * c.D;
   std::mt19937 rng(seed);
@@ -287,7 +309,7 @@ void FillInputs(const Buffers<T>& b, int seed) {
 // One kernel variant on one case, outputs poisoned; prints max abs / rel L2 error of dq, dk, dv.
 template <typename T>
 bool CheckVariant(const Case& c, const HostCase<T>& h, int variant) {
-  const AttentionParams p = MakeParams<T>(c);
+  const AttentionParams p = ParamsOf<T>(c);
   Buffers<T> b = Alloc<T>(c);
   CHECK(cudaMemcpy(b.q, h.q.data(), b.nq * sizeof(T), cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(b.k, h.k.data(), b.nk * sizeof(T), cudaMemcpyHostToDevice));
@@ -300,7 +322,8 @@ bool CheckVariant(const Case& c, const HostCase<T>& h, int variant) {
   CHECK(cudaMemset(b.dv, 0xff, b.nk * sizeof(T)));
   const cudaError_t err = LaunchAny<T>(variant, p, Ptrs(b), BwdPtrs(b));
   if (err == cudaErrorNotSupported) {  // variant not built for this head dim, or the launcher refused the case
-    const bool expected = (variant == 5 && c.D != 64) || (variant == 7 && p.group % 2) || (variant == 8 && p.group % 4);
+    const bool expected = (variant == 5 && c.D != 64) || (variant == 7 && p.group % 2) ||
+                          (variant == 8 && p.group % 4) || (c.mods && variant >= 2 && variant <= 6);
     if (!expected) std::printf("check %-4s %-27s refused\n", DTypeName<T>(), kVariantNames[variant]);
     Free(b);
     return true;
@@ -324,10 +347,10 @@ bool CheckVariant(const Case& c, const HostCase<T>& h, int variant) {
   bool ok = true;
   for (const Err& x : e) ok &= !x.nan && (x.Rel() < tol || (std::sqrt(x.ref2) < 1e-9 && x.max_abs < 1e-4));
   std::printf(
-      "check %-4s %-27s B=%d T=%d S=%d H=%d K=%d D=%d causal=%d win=(%lld,%lld) len=(%d,%d): dq %.2e/%.2e dk "
+      "check %-4s %-27s B=%d T=%d S=%d H=%d K=%d D=%d causal=%d win=(%lld,%lld) len=(%d,%d) mask=%d: dq %.2e/%.2e dk "
       "%.2e/%.2e dv %.2e/%.2e (max abs/rel l2)%s %s\n",
       DTypeName<T>(), kVariantNames[variant], c.B, c.T, c.S, c.H, c.K, c.D, c.causal, (long long)c.wl, (long long)c.wr,
-      c.q_len, c.kv_len, e[0].max_abs, e[0].Rel(), e[1].max_abs, e[1].Rel(), e[2].max_abs, e[2].Rel(),
+      c.q_len, c.kv_len, c.mods & 1, e[0].max_abs, e[0].Rel(), e[1].max_abs, e[1].Rel(), e[2].max_abs, e[2].Rel(),
       (e[0].nan || e[1].nan || e[2].nan) ? " NaN" : "", ok ? "OK" : "FAIL");
   Free(b);
   return ok;
@@ -414,6 +437,9 @@ bool CheckAll(bool small = false) {
       const Case c{2, 300, 517, 4, 2, D, true};
       const HostCase<T> h = MakeHostCase<T>(c, 5);
       for (int variant : {1, 9}) all_ok &= CheckVariant<T>(c, h, variant);
+      const Case cm{2, 300, 517, 4, 2, D, false, -1, -1, -1, -1, 1};  // the kMods kernels
+      const HostCase<T> hm = MakeHostCase<T>(cm, 6);
+      for (int variant : {1, 9}) all_ok &= CheckVariant<T>(cm, hm, variant);
     }
     return all_ok;
   }
@@ -430,6 +456,11 @@ bool CheckAll(bool small = false) {
         {2, 640, 640, 2, 2, D, true, -1, -1, 500, 333},
         {1, 200, 300, 2, 1, D, false, -1, -1, 150, 0},
         {1, 2048, 2048, 2, 1, D, true},
+        // A boolean mask (the kMods kernels): ragged tails, odd S, causal + window + lengths, GQA (clusters).
+        {2, 300, 517, 4, 2, D, false, -1, -1, -1, -1, 1},
+        {2, 640, 640, 4, 1, D, true, 100, 0, 500, 333, 1},
+        {1, 1, 1000, 2, 2, D, false, -1, -1, -1, -1, 1},
+        {1, 1024, 1024, 8, 2, D, true, -1, -1, -1, -1, 1},
     };
     unsigned seed = 1;
     for (const Case& c : cases) {

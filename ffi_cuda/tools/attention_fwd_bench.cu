@@ -63,14 +63,6 @@ struct Buffers {
   std::vector<char> hmask;
 };
 
-// The tools' mask: ~70 % of the keys, every key of query rows t % 7 == 3 masked (empty rows), all keys of the
-// first 64 rows of batch 1 allowed (whole tiles true).
-__host__ __device__ inline bool ToolMask(int b, int t, int s) {
-  if (t % 7 == 3) return false;
-  if (b == 1 && t < 64) return true;
-  const uint32_t h = (uint32_t(b) * 73856093u) ^ (uint32_t(t) * 19349663u) ^ (uint32_t(s) * 83492791u);
-  return (h >> 7) % 10 < 7;
-}
 __global__ void FillToolMask(bool* mask, int B, int T, int S) {
   const size_t n = size_t{1} * B * T * S;
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
@@ -149,17 +141,6 @@ FwdPointers Ptrs(const Buffers& b) {
   return FwdPointers{b.q, b.k, b.v, b.bias, b.mask, b.qsl, b.kvsl, b.o, b.lse, false};
 }
 
-// The kernel parameters of c, with its mask [B, 1, T, S] and bias [1, H, T, S].
-AttentionParams ParamsOf(const Case& c) {
-  AttentionParams p = MakeParams<T>(c);
-  p.has_mask = c.mods & 1;
-  p.mask_strides = {int64_t{c.T} * c.S, 0, c.S, 1};
-  p.has_bias = c.mods & 2;
-  p.bias_strides = {0, int64_t{c.T} * c.S, c.S, 1};
-  p.bias_dtype = p.dtype;
-  return p;
-}
-
 std::string Label(bool hopper, int mods = 0) {
   if (!hopper) return "sm80";
   if (mods) return "sm90 mods";
@@ -174,7 +155,7 @@ std::string Label(bool hopper, int mods = 0) {
 // output element was written (no NaN anywhere; lse may be -inf). o_out/lse_out: the outputs, when given.
 bool Check(const Case& c, bool hopper, std::vector<T>* o_out = nullptr, std::vector<float>* lse_out = nullptr) {
   Progress();
-  AttentionParams p = ParamsOf(c);
+  AttentionParams p = ParamsOf<T>(c);
   Buffers b = Alloc(c, 1234 + c.T);
   const size_t nq = size_t{1} * c.B * c.T * c.H * c.D;
   CHECK(cudaMemset(b.o, 0xff, nq * 2));  // NaN poison
@@ -259,7 +240,7 @@ bool SameBits(const std::vector<T>& o, const std::vector<float>& lse, const std:
 
 double TimeMs(const Case& c, bool hopper) {
   Progress();
-  AttentionParams p = ParamsOf(c);
+  AttentionParams p = ParamsOf<T>(c);
   Buffers b = Alloc(c, 99, /*host_copy=*/false);
   const FwdPointers ptr = Ptrs(b);
   const int reps = c.T <= 2048 ? 50 : 10;
