@@ -22,9 +22,9 @@
 //     forward: S = Q K^T, dP = dO V^T, dS = P (dP - delta), dQ += dS K. It recomputes delta from O and dO (it
 //     cannot read the dq buffer it overwrites).
 // Tiles wholly inside the allowed region skip the position test (uniform branch between two instantiations, as
-// in the forward). Out-of-range rows are zero-filled by TMA and masked. kMods: a boolean mask (and a bias, for
-// P; the bias gradient is not computed here, so the dispatcher sends bias calls elsewhere: Sm90BwdSupports) read
-// per element into the recomputed logits of both kernels, as the forward's kMods variant.
+// in the forward). Out-of-range rows are zero-filled by TMA and masked. kMods: a boolean mask and a bias read per
+// element into the recomputed logits of both kernels, as the forward's kMods variant; with a bias the dQ kernel
+// also stores dS, the bias gradient before the sum over the bias's broadcast dims, as [B, N, T, S] f32.
 #pragma once
 
 #include <cuda.h>
@@ -507,6 +507,26 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
+// One dS tile (the wgmma m64nN accumulator layout, as ModsToLogits) into dS [B, N, T, S] f32 at rows `rows` of
+// (b, n) and keys s0 + column; rows past T and keys past S are skipped.
+template <int kNT>
+__device__ __forceinline__ void StoreScores(const AttentionParams& p, float* ds_out, const float* ds, int64_t b,
+                                            int64_t n, const int64_t (&rows)[2], int64_t s0, int lane) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (rows[i] >= p.seqlen_q) continue;
+    float* row = ds_out + p.LseOffset(b, n, rows[i]) * p.seqlen_k;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t s = s0 + nt * 8 + (lane & 3) * 2 + e;
+        if (s < p.seqlen_k) row[s] = ds[nt * 4 + 2 * i + e];
+      }
+    }
+  }
+}
+
 template <int kHeadDim, int kBlockNT, int kStagesT>
 struct DqTraits {
   static constexpr int kBlockM = 128;  // query rows per CTA: two consumer warpgroups x 64
@@ -730,6 +750,11 @@ __global__ void __launch_bounds__(384, 1)
       for (int i = 0; i < kBN / 2; ++i) dp[i] = s[i] * (dp[i] - delta[(i >> 1) & 1]);
       PackAFrags<T>(pds, dp);
       issue_dq(j);
+      if constexpr (kMods) {
+        // The bias gradient: dS of every (row, key) in [T, S] this tile covers (each is visited once: one owner,
+        // deterministic), into the zeroed [B, N, T, S] f32 buffer; it overlaps the dQ wgmma.
+        if (p.has_bias) StoreScores<kBN / 8>(p, bp.dbias, dp, b, n, rows, s0, lane);
+      }
     }
     WgmmaWait<0>();
     FenceRegs(acc_dq);

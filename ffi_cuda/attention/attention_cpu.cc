@@ -200,7 +200,7 @@ ffi::Error AttentionBwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
             dkf[ko + d] += sds * qrow[d];
             dvf[ko + d] += pr * dorow[d];
           }
-          if (p.has_bias) dbf[p.bias_strides.Offset(b, n, t, s)] += ds;
+          if (p.has_bias) dbf[p.DbiasOffset(b, n, t, s)] += ds;
         }
       }
     }

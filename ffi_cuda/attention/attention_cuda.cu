@@ -135,7 +135,8 @@ ffi::Error AttentionFwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
   });
 }
 
-// As the forward: the Hopper kernels where they apply (UseSm90Bwd) unless refused, else the portable ones.
+// As the forward: the Hopper kernels where they apply (UseSm90Bwd) unless refused, else the portable ones. With a
+// bias only the Hopper kernels (the portable ones compute no bias gradient): a refusal is the call's error.
 template <typename T>
 cudaError_t LaunchBwdForHeadDim(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                 const BwdPointers& bp, const DeviceProps& dev, bool portable, int bwd_cluster) {
@@ -143,14 +144,15 @@ cudaError_t LaunchBwdForHeadDim(cudaStream_t stream, const AttentionParams& p, c
     const cudaError_t err = WithHeadDim(Sm90BwdHeadDims{}, p.head_dim, [&](auto d) {
       return LaunchAttentionBwdSm90<T, decltype(d)::value>(stream, p, ptr, bp, bwd_cluster, dev.sm_count);
     });
-    if (err != kSm90Refused) return err;
+    if (err != kSm90Refused || p.has_bias) return err;
   }
   return WithHeadDim(BwdHeadDims{}, p.head_dim,
                      [&](auto d) { return LaunchAttentionBwd<T, decltype(d)::value>(stream, p, ptr, bp); });
 }
 
-// Backward: dq, dk, dv (no bias gradient: the handler refuses has_bias and jax_ops routes that case to the
-// reference backward). dbias is the [1,1,1,1] f32 dummy and is written as 0, as the contract says.
+// Backward: dq, dk, dv, and with a bias dbias as dS [B, N, T, S] f32 (the Hopper kernels only; jax_ops sums it over
+// the bias's broadcast dims and routes the other bias cases to the reference backward). Without a bias dbias is
+// the [1,1,1,1] f32 dummy, written as 0 as the contract says.
 ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                             ffi::AnyBuffer bias, ffi::AnyBuffer mask, ffi::AnyBuffer q_seqlen, ffi::AnyBuffer kv_seqlen,
                             ffi::AnyBuffer o, ffi::AnyBuffer lse, ffi::AnyBuffer d_o, float scale, bool is_causal,
@@ -162,16 +164,23 @@ ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
                              window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen, *dq, *dk, *dv, *dbias);
   if (params.has_error()) return params.error();
   const AttentionParams& p = *params;
-  JAX_OPS_CHECK_ARG(!has_bias,
-                    "the CUDA attention backward has no bias gradient (jax_ops uses the reference "
-                    "backward when a bias is given)");
+  JAX_OPS_CHECK_ARG(!has_bias || p.dbias_full,
+                    "the CUDA attention backward writes dbias as [B, N, T, S] float32 (dS; jax_ops sums it over the "
+                    "bias's broadcast dims)");
   JAX_OPS_RETURN_IF_ERROR(CheckKernelFits(p, BwdHeadDimSupported(p.head_dim), kBwdHeadDims, "backward"));
   auto dev = CurrentDeviceProps();
   if (dev.has_error()) return dev.error();
+  JAX_OPS_CHECK_ARG(!has_bias || UseSm90Bwd(p, (*dev)->cc_major, (*dev)->cc_minor, portable),
+                    "the CUDA attention backward computes a bias gradient only in its Hopper (sm_90a) kernels, head "
+                    "dims 64 and 128 (jax_ops uses the reference backward elsewhere)");
   const FwdPointers ptr = InputPointers(q, k, v, bias, mask, q_seqlen, kv_seqlen);
-  BwdPointers bp{o.untyped_data(),   static_cast<const float*>(lse.untyped_data()),
-                 d_o.untyped_data(), dq->untyped_data(),
-                 dk->untyped_data(), dv->untyped_data()};
+  BwdPointers bp{o.untyped_data(),
+                 static_cast<const float*>(lse.untyped_data()),
+                 d_o.untyped_data(),
+                 dq->untyped_data(),
+                 dk->untyped_data(),
+                 dv->untyped_data(),
+                 has_bias ? static_cast<float*>(dbias->untyped_data()) : nullptr};
   JAX_OPS_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(dbias->untyped_data(), 0, dbias->size_bytes(), stream));
   return WithHalfType(p.dtype, [&](auto tag) {
     return LaunchBwdForHeadDim<typename decltype(tag)::type>(stream, p, ptr, bp, **dev, portable,

@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 2)
               const int64_t off = p.bias_strides.Offset(b, n, rows[i], col);
               const float bv = ptr.bias_is_f32 ? static_cast<const float*>(ptr.bias)[off]
                                                : ToAcc(static_cast<const T*>(ptr.bias)[off]);
-              x += bv * kLog2e;
+              x = AddBiasLog2(x, bv);
             }
           }
           if (!interior) {

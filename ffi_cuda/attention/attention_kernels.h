@@ -32,6 +32,7 @@ struct BwdPointers {
   void* dq;
   void* dk;
   void* dv;
+  float* dbias = nullptr;  // with a bias: dS as [B, N, T, S] f32 (the contract's dbias_full form), zeroed first
 };
 
 // T: __half or __nv_bfloat16; kHeadDim: 32, 64, 96, 128 or 256 (one instantiation per .cu file).
@@ -61,8 +62,9 @@ cudaError_t LaunchAttentionBwd(cudaStream_t stream, const AttentionParams& p, co
                                const BwdPointers& bp);
 
 // Hopper (sm_90a only) backward: TMA + wgmma + warp specialisation (attention_bwd_sm90_impl.cuh); head dims 64
-// and 128, no bias or boolean mask. Deterministic, like the portable one; uses dq as its delta workspace. Returns
-// kSm90Refused before launching anything when it cannot run here.
+// and 128; a boolean mask and a bias (with dS into bp.dbias) run its kMods kernels. Deterministic, like the
+// portable one; uses dq as its delta workspace. Returns kSm90Refused before launching anything when it cannot run
+// here.
 // cluster: the GQA dK/dV cluster size (1, 2 or 4 where it divides the group; -1 or a non-divisor:
 // Sm90BwdDkDvCluster's rule). num_sms: the SM count for that rule (0: asked of the driver; the library passes its
 // cached count).

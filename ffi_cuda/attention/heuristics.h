@@ -17,8 +17,8 @@ inline bool FwdHeadDimSupported(int64_t d) { return Contains(kFwdHeadDims, d); }
 inline bool BwdHeadDimSupported(int64_t d) { return Contains(kBwdHeadDims, d); }
 
 // Hopper kernels: sm_90 only, their head dims, scale > 0 (the unmasked forward takes the row max over the raw
-// scores), 32-bit sequence coordinates (TMA). Both apply a boolean mask per element (their kMods variants), the
-// forward a bias too; the backward computes no bias gradient, so bias calls run elsewhere.
+// scores), 32-bit sequence coordinates (TMA). Both apply a boolean mask and a bias per element (their kMods
+// variants); the backward writes the bias gradient as dS [B, N, T, S] f32 (the portable one has none).
 inline bool Sm90Eligible(const AttentionParams& p, int cc_major, int cc_minor) {
   return cc_major == 9 && cc_minor == 0 && p.scale > 0.f && p.seqlen_q < (int64_t{1} << 31) &&
          p.seqlen_k < (int64_t{1} << 31);
@@ -27,7 +27,7 @@ inline bool Sm90FwdSupports(const AttentionParams& p, int cc_major, int cc_minor
   return Contains(kSm90FwdHeadDims, p.head_dim) && Sm90Eligible(p, cc_major, cc_minor);
 }
 inline bool Sm90BwdSupports(const AttentionParams& p, int cc_major, int cc_minor) {
-  return Contains(kSm90BwdHeadDims, p.head_dim) && Sm90Eligible(p, cc_major, cc_minor) && !p.has_bias;
+  return Contains(kSm90BwdHeadDims, p.head_dim) && Sm90Eligible(p, cc_major, cc_minor) && (!p.has_bias || p.dbias_full);
 }
 // The forward variant with per-element mask and bias reads (kMods): one CTA per block, never persistent.
 inline bool Sm90FwdMods(const AttentionParams& p) { return p.has_mask || p.has_bias; }

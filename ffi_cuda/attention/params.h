@@ -21,8 +21,9 @@
 //     args   q, k, v, bias, mask, q_seqlen, kv_seqlen (as above), o [B,T,N,D], lse [B,N,T] f32, do [B,T,N,D]
 //     attrs  as the forward, but the tuning attributes are portable (bool) and bwd_cluster (s64: the GQA dK/dV
 //            cluster size 1, 2 or 4; -1 the rule)
-//     rets   dq [B,T,N,D], dk [B,S,K,D], dv [B,S,K,D] (q's dtype), dbias (bias's shape and dtype; when
-//            has_bias is false a [1,1,1,1] f32 dummy that is written as 0)
+//     rets   dq [B,T,N,D], dk [B,S,K,D], dv [B,S,K,D] (q's dtype), dbias: the bias's shape and dtype (dS summed
+//            over the bias's broadcast dims), or [B,N,T,S] f32 (dS itself, no sum: the only form the CUDA
+//            backward writes; jax_ops sums it); when has_bias is false a [1,1,1,1] f32 dummy written as 0
 //
 // Absent optional inputs (has_* = false) are passed as dummy buffers: bias [1,1,1,1] f32, mask [1,1,1,1] PRED,
 // seq lengths [1] s32; the kernel must not read them. All buffers are dense row-major.
@@ -94,6 +95,7 @@ struct AttentionParams {
 
   BroadcastStrides bias_strides, mask_strides;
   int64_t bias_dims[4] = {1, 1, 1, 1};  // [bB, bN, bT, bS]
+  bool dbias_full = false;              // backward: dbias is [B, N, T, S] f32 (dS unsummed), not the bias's shape
 
   float scale = 1.f;
   bool is_causal = false;
@@ -112,6 +114,10 @@ struct AttentionParams {
   }
   JAX_OPS_ATTN_HD int64_t LseOffset(int64_t b, int64_t n, int64_t t) const {
     return (b * num_heads + n) * seqlen_q + t;
+  }
+  // Element (b, n, t, s) of dbias: of [B, N, T, S] (dbias_full) or of the bias's shape.
+  JAX_OPS_ATTN_HD int64_t DbiasOffset(int64_t b, int64_t n, int64_t t, int64_t s) const {
+    return dbias_full ? LseOffset(b, n, t) * seqlen_k + s : bias_strides.Offset(b, n, t, s);
   }
 };
 
@@ -289,8 +295,8 @@ inline ffi::Error CheckFwdOutputs(const AttentionParams& p, const ffi::AnyBuffer
   return CheckBuffer(lse, "lse", ld, ffi::DataType::F32);
 }
 
-// o, lse, do (inputs) and dq, dk, dv, dbias (results) of the backward target.
-inline ffi::Error CheckBwdBuffers(const AttentionParams& p, const ffi::AnyBuffer& o, const ffi::AnyBuffer& lse,
+// o, lse, do (inputs) and dq, dk, dv, dbias (results) of the backward target; sets p.dbias_full from dbias's form.
+inline ffi::Error CheckBwdBuffers(AttentionParams& p, const ffi::AnyBuffer& o, const ffi::AnyBuffer& lse,
                                   const ffi::AnyBuffer& d_o, const ffi::AnyBuffer& dq, const ffi::AnyBuffer& dk,
                                   const ffi::AnyBuffer& dv, const ffi::AnyBuffer& dbias) {
   JAX_OPS_RETURN_IF_ERROR(CheckFwdOutputs(p, o, lse));
@@ -300,8 +306,13 @@ inline ffi::Error CheckBwdBuffers(const AttentionParams& p, const ffi::AnyBuffer
   JAX_OPS_RETURN_IF_ERROR(CheckBuffer(dq, "dq", qd, p.dtype));
   JAX_OPS_RETURN_IF_ERROR(CheckBuffer(dk, "dk", kd, p.dtype));
   JAX_OPS_RETURN_IF_ERROR(CheckBuffer(dv, "dv", kd, p.dtype));
-  if (p.has_bias) return CheckBuffer(dbias, "dbias", p.bias_dims, p.bias_dtype);
-  return ffi::Error::Success();
+  if (!p.has_bias) return ffi::Error::Success();
+  const int64_t full[4] = {p.batch, p.num_heads, p.seqlen_q, p.seqlen_k};
+  const auto d = dbias.dimensions();
+  p.dbias_full = dbias.element_type() == ffi::DataType::F32 && d.size() == 4 && d[0] == full[0] && d[1] == full[1] &&
+                 d[2] == full[2] && d[3] == full[3];
+  if (p.dbias_full) return ffi::Error::Success();  // a full f32 bias has both forms: the same values
+  return CheckBuffer(dbias, "dbias (the bias's shape and dtype, or [B, N, T, S] float32)", p.bias_dims, p.bias_dtype);
 }
 
 namespace detail {
@@ -338,7 +349,7 @@ inline ffi::ErrorOr<AttentionParams> CheckBwdCall(
     const ffi::AnyBuffer& dq, const ffi::AnyBuffer& dk, const ffi::AnyBuffer& dv, const ffi::AnyBuffer& dbias) {
   return detail::Then(CheckAttentionArgs(q, k, v, bias, mask, q_seqlen, kv_seqlen, scale, is_causal, window_left,
                                          window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen),
-                      [&](const AttentionParams& p) { return CheckBwdBuffers(p, o, lse, d_o, dq, dk, dv, dbias); });
+                      [&](AttentionParams& p) { return CheckBwdBuffers(p, o, lse, d_o, dq, dk, dv, dbias); });
 }
 
 }  // namespace jax_ops::attention

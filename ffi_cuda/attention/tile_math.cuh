@@ -3,6 +3,7 @@
 // reductions, and the Hopper epilogue of a wgmma accumulator tile through shared memory.
 #pragma once
 
+#include <cfloat>
 #include <cstdint>
 #include <type_traits>
 
@@ -40,6 +41,15 @@ __device__ __forceinline__ SeqLens SeqLensOf(const AttentionParams& p, const Fwd
           p.has_kv_seqlen ? Min64(Max64(ptr.kv_seqlen[b], 0), p.seqlen_k) : p.seqlen_k};
 }
 
+// x + bias * log2e (x a log2-domain logit), kept finite when both are: the log2 domain overflows below
+// -FLT_MAX / log2e, e.g. at a bias of finfo.min (a mask written as a bias), where the contract's logit is still
+// finite (a row of only such keys averages uniformly, not an empty row). An infinite x or bias stays as it is.
+__device__ __forceinline__ float AddBiasLog2(float x, float bias) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float y = fmaf(bias, kLog2e, x);
+  return (y == -INFINITY && x > -INFINITY && bias > -INFINITY) ? -FLT_MAX : y;
+}
+
 // The boolean mask and additive bias along one line of the [T, S] logits of one (batch, head) -- a query row
 // (RowModsOf: the forward and dQ kernels) or a key column (KeyModsOf: the dK/dV kernel) -- read per element from
 // global memory by the Hopper kernels' kMods variants (a broadcast mask or bias stays in L2): pointers at
@@ -54,10 +64,9 @@ struct LineMods {
   // type, void for none.
   template <typename BiasT>
   __device__ __forceinline__ float Logit(float x, int64_t i, float scale_log2) const {
-    constexpr float kLog2e = 1.4426950408889634f;
     x *= scale_log2;
     if constexpr (!std::is_void_v<BiasT>)
-      x = fmaf(ToAcc(__ldg(static_cast<const BiasT*>(bias) + i * bias_step)), kLog2e, x);
+      x = AddBiasLog2(x, ToAcc(__ldg(static_cast<const BiasT*>(bias) + i * bias_step)));
     if (mask != nullptr && !__ldg(mask + i * mask_step)) x = -INFINITY;
     return x;
   }

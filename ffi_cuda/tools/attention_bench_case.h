@@ -22,7 +22,7 @@ struct Case {
   bool causal;
   int64_t wl = -1, wr = -1;
   int q_len = -1, kv_len = -1;  // >= 0: seq lengths for every batch
-  int mods = 0;                 // bit 0: a boolean mask [B, 1, T, S]; bit 1: a bias [1, H, T, S] (the tools' data)
+  int mods = 0;  // bit 0: a boolean mask [B, 1, T, S] ([B, H, T, S] with bit 2); bit 1: a bias [1, H, T, S]
 };
 
 template <typename T>
@@ -63,12 +63,19 @@ __host__ __device__ inline bool ToolMask(int b, int t, int s) {
   return (h >> 7) % 10 < 7;
 }
 
-// MakeParams with the case's mask [B, 1, T, S] and bias [1, H, T, S] (Case::mods).
+// The case's mask at (b, n, t, s): ToolMask of (b, t, s), or with a per-head mask (Case::mods bit 2) of
+// (b * H + n, t, s).
+inline bool CaseMask(const Case& c, int b, int n, int t, int s) {
+  return ToolMask((c.mods & 4) ? b * c.H + n : b, t, s);
+}
+
+// MakeParams with the case's mask [B, 1|H, T, S] and bias [1, H, T, S] (Case::mods).
 template <typename T>
 jax_ops::attention::AttentionParams ParamsOf(const Case& c) {
   jax_ops::attention::AttentionParams p = MakeParams<T>(c);
   p.has_mask = c.mods & 1;
-  p.mask_strides = {int64_t{c.T} * c.S, 0, c.S, 1};
+  const int64_t mask_heads = (c.mods & 4) ? c.H : 1;
+  p.mask_strides = {mask_heads * c.T * c.S, (c.mods & 4) ? int64_t{c.T} * c.S : 0, c.S, 1};
   p.has_bias = c.mods & 2;
   p.bias_strides = {0, int64_t{c.T} * c.S, c.S, 1};
   p.bias_dtype = p.dtype;

@@ -36,6 +36,21 @@ def sm_count() -> int:
     return DEFAULT_SM_COUNT
 
 
+def gpu_compute_capability() -> tuple[int, int] | None:
+    """(major, minor) of the first visible GPU; None without one or when the device does not say."""
+    try:
+        for d in jax.devices():
+            if d.platform == "gpu":
+                try:
+                    major, minor = (int(x) for x in str(d.compute_capability).split(".")[:2])
+                except (AttributeError, TypeError, ValueError):
+                    return None
+                return major, minor
+    except RuntimeError:
+        pass
+    return None
+
+
 def platform() -> str:
     """The platform traced code runs on: "gpu" or "cpu" (JAX's default backend)."""
     return "gpu" if jax.default_backend() in ("gpu", "cuda", "rocm") else "cpu"

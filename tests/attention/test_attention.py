@@ -197,6 +197,38 @@ def test_grads_vs_jax_nn(case, with_bias, impl):
         assert rel_err(a, b) < 1e-5, name
 
 
+class _GpuDispatch:
+    """dispatch as ffi.py sees it on a GPU (the rest of the package keeps the real platform)."""
+
+    @staticmethod
+    def platform():
+        return "gpu"
+
+
+@pytest.mark.parametrize("bshape", [(1, 4, 9, 11), (2, 1, 1, 11), (1, 1, 1, 11), (2, 4, 9, 11)])
+def test_bias_grad_as_scores(monkeypatch, bshape):
+    # The GPU form of the bias gradient (the kernel writes dS [B, N, T, S] f32, XLA sums the broadcast dims),
+    # through the CPU twin, which writes either form: against jax.nn's gradient, and the bias-shaped form.
+    from jax_ops._src.attention import ffi as attention_ffi
+
+    q, k, v = qkv(2, 9, 11, 4, 2, 8, seed=5)
+    bias = jax.random.normal(jax.random.key(6), bshape)
+    w = jax.random.normal(jax.random.key(7), q.shape)
+
+    def loss(fn):
+        return lambda q, k, v, b: jnp.sum(w * fn(q, k, v, b, is_causal=True))
+
+    ours = lambda q, k, v, b, **kw: jax_ops.dot_product_attention(q, k, v, b, implementation="ffi", **kw)  # noqa: E731
+    g_shaped = jax.grad(loss(ours), (0, 1, 2, 3))(q, k, v, bias)
+    monkeypatch.setattr(attention_ffi, "dispatch", _GpuDispatch)
+    g_scores = jax.grad(loss(ours), (0, 1, 2, 3))(q, k, v, bias)
+    g_ref = jax.grad(loss(nn_xla), (0, 1, 2, 3))(q, k, v, bias)
+    assert g_scores[3].shape == bias.shape and g_scores[3].dtype == bias.dtype
+    for name, a, b, c in zip("q k v bias".split(), g_scores, g_ref, g_shaped):
+        assert rel_err(a, b) < 1e-5, name
+        assert rel_err(a, c) < 1e-6, name
+
+
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_grads_low_precision(dtype):
     q, k, v = qkv(1, 40, 40, 4, 2, 32, dtype=dtype)
@@ -375,7 +407,7 @@ def test_reference_matches_jax_nn_on_nonempty_rows():
 def test_backward_fallback_without_bwd_kernel(monkeypatch):
     """Where a platform has the forward kernel but no backward one, grads come from the reference's VJP."""
     monkeypatch.setattr(
-        heuristics, "bwd_unsupported_reason", lambda cfg, head_dim: "no backward kernel (test)"
+        heuristics, "bwd_unsupported_reason", lambda cfg, q_shape, seqlen_k: "no backward kernel (test)"
     )
     monkeypatch.setattr(jax_ops._checks, "_warned", set())
     q, k, v = qkv(2, 9, 11, 4, 2, 8)

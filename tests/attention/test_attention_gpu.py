@@ -3,6 +3,8 @@
 Tests with "small" in their name are the quick cases (the sanitizer runs the standalone tools: docs/architecture.md).
 """
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -300,6 +302,59 @@ def test_small_backward_mask_both_paths(case, dtype):
         grads[portable] = g
     for a, b in zip(grads[False], grads[True]):
         assert rel_l2(a, b) < 2 * TOL[dtype]
+    # Two kernels ran (a silent fallback would run the portable one twice): their rounding differs somewhere.
+    assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(grads[False], grads[True]))
+
+
+@pytest.mark.parametrize("case", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_small_backward_bias(case, dtype, monkeypatch):
+    # The bias gradient of the Hopper backward (dS [B, N, T, S] f32 from the dQ kernel, summed by XLA over the
+    # bias's broadcast dims) for every broadcast kind of the forward cases, with their masks, against the fp32
+    # reference's; no fallback warning (the kernel ran, not the reference VJP).
+    _needs_cuda_target()
+    monkeypatch.setattr(jax_ops._checks, "_warned", set())
+    shape, mask_shape, bias_shape, bias_dtype, kw = _mods_cases()[case]
+    q, k, v = inputs(*shape, dtype, seed=case)
+    mask = None if mask_shape is None else jax.random.bernoulli(jax.random.key(300 + case), 0.7, mask_shape)
+    bias = (2 * jax.random.normal(jax.random.key(400 + case), bias_shape)).astype(bias_dtype or dtype)
+    w = jax.random.normal(jax.random.key(1), q.shape, jnp.float32)
+
+    def loss(impl):
+        return lambda q, k, v, b: jnp.sum(
+            w * jax_ops.dot_product_attention(q, k, v, b, mask, implementation=impl, **kw).astype(jnp.float32)
+        )
+
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    ref = jax.grad(loss("xla"), (0, 1, 2, 3))(f32(q), f32(k), f32(v), f32(bias))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        g = jax.jit(jax.grad(loss("ffi"), (0, 1, 2, 3)))(q, k, v, bias)
+    assert not [
+        w for w in caught if "XLA reference" in str(w.message)
+    ]  # the reference-VJP fallback's warning
+    assert g[3].shape == bias.shape and g[3].dtype == bias.dtype
+    for name, a, b in zip(("q", "k", "v", "bias"), g, ref):
+        a = np.asarray(a, np.float32)
+        assert np.isfinite(a).all(), name
+        assert rel_l2(a, b) < 2 * TOL[dtype], name
+
+
+@pytest.mark.parametrize("portable", [False, True])
+def test_small_bias_of_lowest_finite(portable):
+    # A bias of finfo(float32).min (a mask written as a bias) on every key of some rows: finite logits, so those
+    # rows average V uniformly as in jax.nn (the log2 domain of the kernels overflows there unless kept finite).
+    _needs_cuda_target()
+    q, k, v = inputs(2, 130, 200, 4, 2, 128, jnp.bfloat16)
+    bias = jnp.zeros((2, 1, 130, 200), jnp.float32).at[:, :, 3:9, :].set(jnp.finfo(jnp.float32).min)
+    f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+    ref = jax_ops.dot_product_attention(f32(q), f32(k), f32(v), bias, implementation="xla")
+    with attention.overrides(portable=portable):
+        out = jax.jit(lambda *a: jax_ops.dot_product_attention(*a, implementation="ffi"))(q, k, v, bias)
+    out = np.asarray(out, np.float32)
+    uniform = np.repeat(np.asarray(f32(v)).mean(axis=1, keepdims=True), 2, axis=2)  # [B, 1, N, D]: GQA 2
+    np.testing.assert_allclose(out[:, 3:9], np.broadcast_to(uniform, out[:, 3:9].shape), atol=2e-2)
+    assert rel_l2(out, ref) < TOL[jnp.bfloat16]
 
 
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -409,8 +464,8 @@ def test_bwd_gqa_cluster(shape, kw, dtype):
 
 # The non-finite cases of test_attention_nonfinite.py on the CUDA kernels: 200 x 200 causal spans several query and
 # key tiles of both paths (the NaN / Inf sits inside a tile that also holds masked entries). With portable=False the
-# forward takes the Hopper kernels (fp16 at head dim 64, bf16 at 128; a mask or bias: its mask/bias variant), and so
-# does the backward without a mask or bias.
+# forward and the backward take the Hopper kernels (fp16 at head dim 64, bf16 at 128; a mask or bias: their
+# mask/bias variants).
 @pytest.mark.parametrize("case", NONFINITE_CASES)
 @pytest.mark.parametrize("dtype,D", [(jnp.float16, 64), (jnp.bfloat16, 128)])
 @pytest.mark.parametrize("portable", [False, True])

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_ops import _ffi
+from jax_ops._src import dispatch
 from jax_ops._src.attention.heuristics import BWD_TARGET, FWD_TARGET
 from jax_ops._src.attention.validation import Config
 
@@ -46,15 +47,25 @@ def fwd_ffi(cfg: Config, q, k, v, bias, mask, qsl, kvsl):
 
 
 def bwd_ffi(cfg: Config, q, k, v, bias, mask, qsl, kvsl, o, lse, do):
+    """(dq, dk, dv, dbias), dbias in the bias's shape and dtype. On a GPU the kernel writes dbias as dS
+    [B, N, T, S] float32 (the only form the CUDA backward has) and XLA sums it over the bias's broadcast dims."""
+    B, T, N, _ = q.shape
+    full = (B, N, T, k.shape[1])
+    scores = cfg.has_bias and dispatch.platform() == "gpu"
+    db = jax.ShapeDtypeStruct(full, jnp.float32) if scores else jax.ShapeDtypeStruct(bias.shape, bias.dtype)
     out = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
         jax.ShapeDtypeStruct(k.shape, k.dtype),
         jax.ShapeDtypeStruct(v.shape, v.dtype),
-        jax.ShapeDtypeStruct(bias.shape, bias.dtype),
+        db,
     )
-    return tuple(
-        _ffi.ffi_call(BWD_TARGET, out, q, k, v, bias, mask, qsl, kvsl, o, lse, do, **cfg.bwd_attrs())
+    dq, dk, dv, db = _ffi.ffi_call(
+        BWD_TARGET, out, q, k, v, bias, mask, qsl, kvsl, o, lse, do, **cfg.bwd_attrs()
     )
+    if scores:
+        axes = tuple(i for i in range(4) if bias.shape[i] == 1 and full[i] > 1)
+        db = jnp.sum(db, axis=axes, keepdims=True).astype(bias.dtype)
+    return dq, dk, dv, db
 
 
 def fill(cfg: Config, bias, mask, qsl, kvsl):

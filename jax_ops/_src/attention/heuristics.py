@@ -27,6 +27,7 @@ def support() -> dict[str, object]:
         cuda_dtypes=tuple(np.dtype(name) for name in c["attention_cuda_dtypes"]),
         cuda_fwd_head_dims=tuple(int(d) for d in c["attention_cuda_fwd_head_dims"]),
         cuda_bwd_head_dims=tuple(int(d) for d in c["attention_cuda_bwd_head_dims"]),
+        cuda_sm90_bwd_head_dims=tuple(int(d) for d in c["attention_cuda_sm90_bwd_head_dims"]),
     )
 
 
@@ -52,17 +53,30 @@ def unsupported_reason(query_dtype, head_dim: int, platform: str | None = None) 
     return None
 
 
-def bwd_unsupported_reason(cfg: Config, head_dim: int) -> str | None:
+# The CUDA backward's bias gradient is dS as [B, N, T, S] float32, summed by XLA over the bias's broadcast dims;
+# above this many bytes of it the reference backward (blocked, O(block) memory) runs instead.
+DBIAS_SCORES_BYTES = 4 << 30
+
+
+def bwd_unsupported_reason(cfg: Config, q_shape, seqlen_k: int) -> str | None:
     """Why the backward kernel cannot run (None when it can): the explicit reference fallback's reason."""
     if dispatch.platform() != "gpu":
         return None
     if BWD_TARGET not in _ffi.target_names("CUDA"):
         return "this build has no CUDA attention backward kernel (jax_ops_attention_bwd)"
+    B, T, N, head_dim = q_shape
     head_dims = support()["cuda_bwd_head_dims"]
-    if cfg.has_bias:
-        return "the CUDA attention backward computes no bias gradient"
     if head_dim not in head_dims:
         return f"the CUDA attention backward supports head dims {head_dims}, not {head_dim}"
+    if cfg.has_bias:
+        # Only the Hopper kernels compute it (ffi_cuda/attention/heuristics.h, Sm90BwdSupports).
+        hopper_dims = support()["cuda_sm90_bwd_head_dims"]
+        if dispatch.gpu_compute_capability() != (9, 0) or KNOBS.portable:
+            return "the CUDA attention backward computes a bias gradient only in its Hopper (sm_90a) kernels"
+        if head_dim not in hopper_dims or cfg.scale <= 0:
+            return f"the CUDA attention bias gradient needs head dims {hopper_dims} and scale > 0"
+        if 4 * B * N * T * seqlen_k > DBIAS_SCORES_BYTES:
+            return "the CUDA attention bias gradient's [B, N, T, S] float32 dS would pass 4 GiB"
     return None
 
 

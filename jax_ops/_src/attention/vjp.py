@@ -118,7 +118,7 @@ def _reference_vjp(cfg: Config, q, k, v, bias, mask, qsl, kvsl, do):
 
 def _backward(cfg: Config, q, k, v, bias, mask, qsl, kvsl, o, lse, do):
     """(dq, dk, dv, dbias or None) of one variant of the call."""
-    reason = heuristics.bwd_unsupported_reason(cfg, q.shape[-1])
+    reason = heuristics.bwd_unsupported_reason(cfg, q.shape, k.shape[1])
     if reason is not None:
         _checks.warn_once(
             f"attention:bwd:{reason}",

@@ -34,17 +34,10 @@ _SMEM_OPTIN_OTHER = 99 * 1024
 def _slabs_fit_device() -> bool:
     """Whether the first visible GPU can run the slab kernel's the slab shared memory (slab_smem_bytes) per block (True without a GPU: the
     CPU twin takes any width). The predicate uses it, so ``slabs=None`` never builds slabs a GPU would refuse."""
-    try:
-        for d in jax.devices():
-            if d.platform == "gpu":
-                try:
-                    major, minor = (int(x) for x in str(d.compute_capability).split(".")[:2])
-                except (AttributeError, TypeError, ValueError):
-                    return False
-                return _SMEM_OPTIN_BY_CC.get((major, minor), _SMEM_OPTIN_OTHER) >= slab_smem_bytes()
-    except RuntimeError:
-        pass
-    return True
+    if dispatch.platform() != "gpu":
+        return True
+    cc = dispatch.gpu_compute_capability()
+    return cc is not None and _SMEM_OPTIN_BY_CC.get(cc, _SMEM_OPTIN_OTHER) >= slab_smem_bytes()
 
 
 def slab_shape(cols: int, itemsize: int) -> tuple[int, int]:
