@@ -36,19 +36,21 @@ def sm_count() -> int:
     return DEFAULT_SM_COUNT
 
 
-def gpu_compute_capability() -> tuple[int, int] | None:
-    """(major, minor) of the first visible GPU; None without one or when the device does not say."""
+def first_gpu():
+    """The first visible GPU device, or None."""
     try:
-        for d in jax.devices():
-            if d.platform == "gpu":
-                try:
-                    major, minor = (int(x) for x in str(d.compute_capability).split(".")[:2])
-                except (AttributeError, TypeError, ValueError):
-                    return None
-                return major, minor
+        return next((d for d in jax.devices() if d.platform == "gpu"), None)
     except RuntimeError:
-        pass
-    return None
+        return None
+
+
+def compute_capability(device) -> tuple[int, int] | None:
+    """(major, minor) of a GPU device; None for None or a device that does not say."""
+    try:
+        major, minor = (int(x) for x in str(device.compute_capability).split(".")[:2])
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return major, minor
 
 
 def platform() -> str:

@@ -271,8 +271,8 @@ def test_small_forward_mask_bias_both_paths(case, dtype):
 @pytest.mark.parametrize("case", range(6))
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_small_backward_mask_both_paths(case, dtype):
-    # The masks of the forward cases (no bias: the CUDA backward has no bias gradient) through the Hopper
-    # backward's mask variant and the portable backward, gradients against the fp32 reference's.
+    # The masks of the forward cases through the Hopper backward's mask/bias variant (knob hopper_bwd_mods) and
+    # the portable backward, gradients against the fp32 reference's.
     _needs_cuda_target()
     shape, mask_shape, _, _, kw = _mods_cases()[case]
     if mask_shape is None:
@@ -293,7 +293,7 @@ def test_small_backward_mask_both_paths(case, dtype):
     ref = jax.grad(loss("xla"), (0, 1, 2))(f32(q), f32(k), f32(v))
     grads = {}
     for portable in (False, True):
-        with attention.overrides(portable=portable):
+        with attention.overrides(portable=portable, hopper_bwd_mods=True):
             g = jax.jit(jax.grad(loss("ffi"), (0, 1, 2)))(q, k, v)
         for name, a, b in zip("qkv", g, ref):
             a = np.asarray(a, np.float32)
@@ -327,7 +327,7 @@ def test_small_backward_bias(case, dtype, monkeypatch):
 
     f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
     ref = jax.grad(loss("xla"), (0, 1, 2, 3))(f32(q), f32(k), f32(v), f32(bias))
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, attention.overrides(hopper_bwd_mods=True):
         warnings.simplefilter("always")
         g = jax.jit(jax.grad(loss("ffi"), (0, 1, 2, 3)))(q, k, v, bias)
     assert not [
@@ -486,7 +486,10 @@ def test_small_nonfinite_inputs(case, dtype, D, portable):
         return jnp.sum(w * f(q, k, v, bias, a["mask"], a["q_seqlen"])[0].astype(jnp.float32))
 
     argnums = (0, 1, 2) if a["bias"] is None else (0, 1, 2, 3)
-    with attention.overrides(portable=portable):  # read at trace time: fresh jits
+    # portable=False: the Hopper kernels, their mask/bias variants in the backward too (hopper_bwd_mods).
+    with attention.overrides(
+        portable=portable, hopper_bwd_mods=not portable
+    ):  # read at trace time: fresh jits
         out, lse = jax.jit(f)(**a)
         grads = jax.jit(jax.grad(loss, argnums))(a["q"], a["k"], a["v"], a["bias"])
     e = dict(c.expected)

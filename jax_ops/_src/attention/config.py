@@ -51,6 +51,14 @@ KNOBS = Knobs(
         doc="the jnp path in blocks of this many queries x keys (None: dense while its logits fit 64 MiB, "
         "else blocks of 512)",
     ),
+    hopper_bwd_mods=Knob(
+        False,
+        env="JAX_OPS_ATTENTION_HOPPER_BWD_MODS",
+        parse=_flag,
+        doc="CUDA: run the backward of calls with a mask or a bias on the Hopper kernels' per-element variant "
+        "(dbias from dS); not yet run on a GPU, so off by default (masked backward: the portable kernel; "
+        "bias gradient: the reference VJP)",
+    ),
     bwd_cluster=Knob(
         None,
         env="JAX_OPS_ATTENTION_BWD_CLUSTER",
@@ -62,5 +70,5 @@ KNOBS = Knobs(
 
 def overrides(**values):
     """Context manager overriding attention knobs (``kv_splits``, ``portable``, ``fwd_persistent``,
-    ``bwd_cluster``, ``jnp_block``) for the calls traced inside it."""
+    ``hopper_bwd_mods``, ``bwd_cluster``, ``jnp_block``) for the calls traced inside it."""
     return KNOBS.override(**values)

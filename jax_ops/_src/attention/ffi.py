@@ -51,7 +51,7 @@ def bwd_ffi(cfg: Config, q, k, v, bias, mask, qsl, kvsl, o, lse, do):
     [B, N, T, S] float32 (the only form the CUDA backward has) and XLA sums it over the bias's broadcast dims."""
     B, T, N, _ = q.shape
     full = (B, N, T, k.shape[1])
-    scores = cfg.has_bias and dispatch.platform() == "gpu"
+    scores = cfg.has_bias and dispatch.platform() == "gpu" and cfg.tuning.hopper_bwd_mods
     db = jax.ShapeDtypeStruct(full, jnp.float32) if scores else jax.ShapeDtypeStruct(bias.shape, bias.dtype)
     out = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),

@@ -71,7 +71,9 @@ def bwd_unsupported_reason(cfg: Config, q_shape, seqlen_k: int) -> str | None:
     if cfg.has_bias:
         # Only the Hopper kernels compute it (ffi_cuda/attention/heuristics.h, Sm90BwdSupports).
         hopper_dims = support()["cuda_sm90_bwd_head_dims"]
-        if dispatch.gpu_compute_capability() != (9, 0) or KNOBS.portable:
+        if not cfg.tuning.hopper_bwd_mods:
+            return "the CUDA attention bias gradient is off (knob hopper_bwd_mods: not yet run on a GPU)"
+        if dispatch.compute_capability(dispatch.first_gpu()) != (9, 0) or cfg.tuning.portable:
             return "the CUDA attention backward computes a bias gradient only in its Hopper (sm_90a) kernels"
         if head_dim not in hopper_dims or cfg.scale <= 0:
             return f"the CUDA attention bias gradient needs head dims {hopper_dims} and scale > 0"

@@ -20,6 +20,9 @@ class Tuning:
     portable: bool = False  # the portable kernels instead of the Hopper ones
     fwd_persistent: int = -1  # the persistent Hopper forward: 1 on, 0 off, -1 the rule (heuristics.h)
     bwd_cluster: int = -1  # the Hopper backward's GQA dK/dV cluster size: 1, 2, 4, or -1 the rule
+    hopper_bwd_mods: bool = (
+        False  # a masked/biased backward on the Hopper kernels (else portable / reference)
+    )
 
     @staticmethod
     def from_knobs() -> Tuning:
@@ -32,6 +35,7 @@ class Tuning:
             portable=bool(KNOBS.portable),
             fwd_persistent=-1 if persistent is None else int(persistent),
             bwd_cluster=-1 if cluster is None else int(cluster),
+            hopper_bwd_mods=bool(KNOBS.hopper_bwd_mods),
         )
 
     def fwd_attrs(self) -> dict[str, Any]:
@@ -72,7 +76,10 @@ class Config:
         return dict(self.contract_attrs(), **self.tuning.fwd_attrs())
 
     def bwd_attrs(self) -> dict[str, Any]:
-        return dict(self.contract_attrs(), **self.tuning.bwd_attrs())
+        attrs = dict(self.contract_attrs(), **self.tuning.bwd_attrs())
+        if (self.has_mask or self.has_bias) and not self.tuning.hopper_bwd_mods:
+            attrs["portable"] = True  # the verified path until the Hopper mask/bias backward has run on a GPU
+        return attrs
 
 
 def _as_array(name: str, x) -> jax.Array:

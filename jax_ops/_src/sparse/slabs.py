@@ -34,9 +34,10 @@ _SMEM_OPTIN_OTHER = 99 * 1024
 def _slabs_fit_device() -> bool:
     """Whether the first visible GPU can run the slab kernel's the slab shared memory (slab_smem_bytes) per block (True without a GPU: the
     CPU twin takes any width). The predicate uses it, so ``slabs=None`` never builds slabs a GPU would refuse."""
-    if dispatch.platform() != "gpu":
+    gpu = dispatch.first_gpu()
+    if gpu is None:
         return True
-    cc = dispatch.gpu_compute_capability()
+    cc = dispatch.compute_capability(gpu)
     return cc is not None and _SMEM_OPTIN_BY_CC.get(cc, _SMEM_OPTIN_OTHER) >= slab_smem_bytes()
 
 
