@@ -6,8 +6,9 @@
 //     and accumulating dV += P^T dO and dK += dS^T Q in registers (GQA reduction inside the CTA).
 //   DqKernel: CTA = 64 query rows of one (batch, head); loops over key blocks like the forward, recomputing
 //     P, dP = dO V^T, dS = P (dP - delta), and accumulating dQ += dS K.
-// delta[t] = rowsum(dO * O) is recomputed where needed (no workspace). Bias gradients are not produced here:
-// jax_ops routes attention with a bias to the reference backward (attention_cuda.cu refuses has_bias).
+// delta[t] = rowsum(dO * O) is recomputed where needed (no workspace). No bias gradient here: with a bias the
+// handler takes the Hopper kernels or fails (attention_cuda.cu), and jax_ops routes the other cases to the
+// reference backward.
 #pragma once
 
 #include <cuda_bf16.h>

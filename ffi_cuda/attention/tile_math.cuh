@@ -41,9 +41,10 @@ __device__ __forceinline__ SeqLens SeqLensOf(const AttentionParams& p, const Fwd
           p.has_kv_seqlen ? Min64(Max64(ptr.kv_seqlen[b], 0), p.seqlen_k) : p.seqlen_k};
 }
 
-// x + bias * log2e (x a log2-domain logit), kept finite when both are: the log2 domain overflows below
-// -FLT_MAX / log2e, e.g. at a bias of finfo.min (a mask written as a bias), where the contract's logit is still
-// finite (a row of only such keys averages uniformly, not an empty row). An infinite x or bias stays as it is.
+// x + bias * log2e (x a log2-domain logit), kept finite on the negative side when both are: the log2 domain
+// overflows below -FLT_MAX / log2e, e.g. at a bias of finfo.min (a mask written as a bias), where the contract's
+// logit is still finite (a row of only such keys averages uniformly, not an empty row); all such logits become
+// -FLT_MAX. An infinite x or bias stays as it is; a finite bias above FLT_MAX / log2e still overflows to +inf.
 __device__ __forceinline__ float AddBiasLog2(float x, float bias) {
   constexpr float kLog2e = 1.4426950408889634f;
   const float y = fmaf(bias, kLog2e, x);

@@ -272,7 +272,7 @@ def test_small_forward_mask_bias_both_paths(case, dtype):
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
 def test_small_backward_mask_both_paths(case, dtype):
     # The masks of the forward cases through the Hopper backward's mask/bias variant (knob hopper_bwd_mods) and
-    # the portable backward, gradients against the fp32 reference's.
+    # the portable backward (the knob off), after the same Hopper forward; gradients against the fp32 reference's.
     _needs_cuda_target()
     shape, mask_shape, _, _, kw = _mods_cases()[case]
     if mask_shape is None:
@@ -292,17 +292,18 @@ def test_small_backward_mask_both_paths(case, dtype):
     f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
     ref = jax.grad(loss("xla"), (0, 1, 2))(f32(q), f32(k), f32(v))
     grads = {}
-    for portable in (False, True):
-        with attention.overrides(portable=portable, hopper_bwd_mods=True):
+    for hopper in (True, False):
+        with attention.overrides(hopper_bwd_mods=hopper):
             g = jax.jit(jax.grad(loss("ffi"), (0, 1, 2)))(q, k, v)
         for name, a, b in zip("qkv", g, ref):
             a = np.asarray(a, np.float32)
             assert np.isfinite(a).all(), name
             assert rel_l2(a, b) < 2 * TOL[dtype], name
-        grads[portable] = g
+        grads[hopper] = g
     for a, b in zip(grads[False], grads[True]):
         assert rel_l2(a, b) < 2 * TOL[dtype]
-    # Two kernels ran (a silent fallback would run the portable one twice): their rounding differs somewhere.
+    # The same forward, two backward kernels (a silent fallback would run the portable one twice): their rounding
+    # differs somewhere.
     assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(grads[False], grads[True]))
 
 

@@ -75,8 +75,8 @@ def bwd_unsupported_reason(cfg: Config, q_shape, seqlen_k: int) -> str | None:
             return "the CUDA attention bias gradient is off (knob hopper_bwd_mods: not yet run on a GPU)"
         if dispatch.compute_capability(dispatch.first_gpu()) != (9, 0) or cfg.tuning.portable:
             return "the CUDA attention backward computes a bias gradient only in its Hopper (sm_90a) kernels"
-        if head_dim not in hopper_dims or cfg.scale <= 0:
-            return f"the CUDA attention bias gradient needs head dims {hopper_dims} and scale > 0"
+        if head_dim not in hopper_dims or not float(np.float32(cfg.scale)) > 0 or T == 0 or seqlen_k == 0:
+            return f"the CUDA attention bias gradient needs head dims {hopper_dims}, scale > 0 and T, S > 0"
         if 4 * B * N * T * seqlen_k > DBIAS_SCORES_BYTES:
             return "the CUDA attention bias gradient's [B, N, T, S] float32 dS would pass 4 GiB"
     return None
