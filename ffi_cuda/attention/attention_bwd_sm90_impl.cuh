@@ -850,7 +850,7 @@ cudaError_t LaunchAttentionBwdSm90Variant(cudaStream_t stream, const AttentionPa
   using Dq = hopper::DqTraits<kHeadDim, kDqBlockN, kDqStages>;
   const auto dkdv_kernel = hopper::DkDvSm90Kernel<T, kHeadDim, kDkDvStages, kDvEarly, kPingPong, kDkDvCluster, kMods>;
   const auto dq_kernel = hopper::DqSm90Kernel<T, kHeadDim, kDqBlockN, kDqStages, kPingPong, kMods>;
-  if (kMods != (p.has_mask || p.has_bias)) return kSm90Refused;
+  if (kMods != HasScoreMods(p)) return kSm90Refused;
   if (p.batch == 0 || p.num_heads == 0) return cudaSuccess;
   // Empty sequences (tensor maps need nonzero extents) and absurd loop counts go to the portable kernel.
   const int64_t q_tiles = (p.seqlen_q + DkDv::kBlockM - 1) / DkDv::kBlockM;
@@ -936,8 +936,7 @@ cudaError_t LaunchAttentionBwdSm90Cluster(cudaStream_t stream, const AttentionPa
 template <typename T, int kHeadDim>
 cudaError_t LaunchAttentionBwdSm90(cudaStream_t stream, const AttentionParams& p, const FwdPointers& ptr,
                                    const BwdPointers& bp, int cluster, int num_sms) {
-  if (p.has_mask || p.has_bias)
-    return LaunchAttentionBwdSm90Cluster<T, kHeadDim, true>(stream, p, ptr, bp, cluster, num_sms);
+  if (HasScoreMods(p)) return LaunchAttentionBwdSm90Cluster<T, kHeadDim, true>(stream, p, ptr, bp, cluster, num_sms);
   return LaunchAttentionBwdSm90Cluster<T, kHeadDim>(stream, p, ptr, bp, cluster, num_sms);
 }
 

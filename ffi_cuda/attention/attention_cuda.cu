@@ -103,7 +103,7 @@ cudaError_t LaunchForHeadDim(cudaStream_t stream, const AttentionParams& p, cons
                              const DeviceProps& dev, bool portable, int64_t fwd_persistent) {
   if (UseSm90Fwd(p, dev.cc_major, dev.cc_minor, portable)) {
     cudaError_t err = kSm90Refused;
-    if (Sm90FwdMods(p)) {
+    if (HasScoreMods(p)) {
       err = LaunchSm90Fwd<T, false, true>(stream, p, ptr, 0);
     } else {
       if (FwdPersistent(p, dev.sm_count, fwd_persistent)) err = LaunchSm90Fwd<T, true>(stream, p, ptr, dev.sm_count);

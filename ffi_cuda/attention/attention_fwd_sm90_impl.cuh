@@ -484,7 +484,7 @@ cudaError_t LaunchAttentionFwdSm90(cudaStream_t stream, const AttentionParams& p
                                    int num_ctas) {
   using Tr = hopper::FwdTraits<kHeadDim, kStages, kBlockN>;
   const auto kernel = hopper::AttentionFwdSm90Kernel<T, kHeadDim, kStages, kDiag, kBlockN, kPersistent, kMods>;
-  if (kMods != (p.has_mask || p.has_bias)) return kSm90Refused;  // a call has exactly one variant
+  if (kMods != HasScoreMods(p)) return kSm90Refused;  // a call has exactly one variant
   if (p.batch == 0 || p.seqlen_q == 0 || p.num_heads == 0) return cudaSuccess;
   const cudaError_t attr_status = SetDynamicSmemOnce(reinterpret_cast<const void*>(kernel), Tr::kSmemBytes);
   if (attr_status != cudaSuccess) return attr_status;

@@ -29,8 +29,9 @@ inline bool Sm90FwdSupports(const AttentionParams& p, int cc_major, int cc_minor
 inline bool Sm90BwdSupports(const AttentionParams& p, int cc_major, int cc_minor) {
   return Contains(kSm90BwdHeadDims, p.head_dim) && Sm90Eligible(p, cc_major, cc_minor) && (!p.has_bias || p.dbias_full);
 }
-// The forward variant with per-element mask and bias reads (kMods): one CTA per block, never persistent.
-inline bool Sm90FwdMods(const AttentionParams& p) { return p.has_mask || p.has_bias; }
+// Calls that run the Hopper kernels' kMods variants (per-element mask and bias reads; the forward's runs one CTA
+// per block, never persistent).
+inline bool HasScoreMods(const AttentionParams& p) { return p.has_mask || p.has_bias; }
 
 // The portable knob forces the mma.sync kernels (tests run both paths).
 inline bool UseSm90Fwd(const AttentionParams& p, int cc_major, int cc_minor, bool portable) {
@@ -53,7 +54,6 @@ inline bool Sm90FwdUsePersistent(const AttentionParams& p, int num_sms) {
 }
 // The fwd_persistent knob (1 on, 0 off) overrides the rule; -1 keeps it.
 inline bool FwdPersistent(const AttentionParams& p, int num_sms, int64_t forced) {
-  if (Sm90FwdMods(p)) return false;
   return forced >= 0 ? forced == 1 : Sm90FwdUsePersistent(p, num_sms);
 }
 

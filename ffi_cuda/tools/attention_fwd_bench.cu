@@ -37,8 +37,7 @@ int g_diag = 0;      // Hopper timing experiment (kDiag of attention_fwd_sm90_im
 int g_persist = -1;  // Hopper persistent variant (g_stages stages): -1 off, 0 one CTA per SM, k > 0 k CTAs
 template <int D>
 cudaError_t Launch(bool hopper, const AttentionParams& p, const FwdPointers& ptr) {
-  if (hopper && (p.has_mask || p.has_bias))
-    return LaunchAttentionFwdSm90<T, D, 3, 0, 128, false, true>(nullptr, p, ptr);
+  if (hopper && HasScoreMods(p)) return LaunchAttentionFwdSm90<T, D, 3, 0, 128, false, true>(nullptr, p, ptr);
   if (hopper && g_persist >= 0)
     return g_stages == 3 ? LaunchAttentionFwdSm90<T, D, 3, 0, 128, true>(nullptr, p, ptr, g_persist)
                          : LaunchAttentionFwdSm90<T, D, 2, 0, 128, true>(nullptr, p, ptr, g_persist);

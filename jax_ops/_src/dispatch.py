@@ -26,14 +26,8 @@ DEFAULT_SM_COUNT = 132  # H100/H200 SXM: what the launch-shape rules assume when
 
 def sm_count() -> int:
     """Streaming multiprocessors of the first visible GPU (DEFAULT_SM_COUNT when there is none)."""
-    try:
-        for d in jax.devices():
-            count = getattr(d, "core_count", None)
-            if d.platform == "gpu" and count:
-                return int(count)
-    except RuntimeError:
-        pass
-    return DEFAULT_SM_COUNT
+    count = getattr(first_gpu(), "core_count", None)
+    return int(count) if count else DEFAULT_SM_COUNT
 
 
 def first_gpu():

@@ -20,9 +20,7 @@ class Tuning:
     portable: bool = False  # the portable kernels instead of the Hopper ones
     fwd_persistent: int = -1  # the persistent Hopper forward: 1 on, 0 off, -1 the rule (heuristics.h)
     bwd_cluster: int = -1  # the Hopper backward's GQA dK/dV cluster size: 1, 2, 4, or -1 the rule
-    hopper_bwd_mods: bool = (
-        False  # a masked/biased backward on the Hopper kernels (else portable / reference)
-    )
+    hopper_bwd_mods: bool = False  # a masked/biased backward on the Hopper kernels, not portable/reference
 
     @staticmethod
     def from_knobs() -> Tuning:
