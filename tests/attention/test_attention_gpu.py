@@ -294,7 +294,16 @@ def test_small_backward_mask_both_paths(case, dtype):
     grads = {}
     for hopper in (True, False):
         with attention.overrides(hopper_bwd_mods=hopper):
-            g = jax.jit(jax.grad(loss("ffi"), (0, 1, 2)))(q, k, v)
+            step = jax.jit(jax.grad(loss("ffi"), (0, 1, 2)))
+            hlo = step.lower(q, k, v).as_text()
+            g = step(q, k, v)
+        # The masked backward call asks for the Hopper kernels (portable = false) only with the knob on.
+        masked_bwd = [
+            line
+            for line in hlo.splitlines()
+            if "@jax_ops_attention_bwd" in line and "has_mask = true" in line
+        ]
+        assert masked_bwd and all(f"portable = {str(not hopper).lower()}" in line for line in masked_bwd)
         for name, a, b in zip("qkv", g, ref):
             a = np.asarray(a, np.float32)
             assert np.isfinite(a).all(), name
@@ -302,9 +311,13 @@ def test_small_backward_mask_both_paths(case, dtype):
         grads[hopper] = g
     for a, b in zip(grads[False], grads[True]):
         assert rel_l2(a, b) < 2 * TOL[dtype]
-    # The same forward, two backward kernels (a silent fallback would run the portable one twice): their rounding
-    # differs somewhere.
-    assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(grads[False], grads[True]))
+    # The same forward, two backward kernels (a silent fallback in C++ would run the portable one twice): their
+    # summation orders differ, which float16's rounding shows on every case (bfloat16's hides it on case 4's few
+    # terms per gradient element).
+    if dtype == jnp.float16:
+        assert any(
+            not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(grads[False], grads[True])
+        )
 
 
 @pytest.mark.parametrize("case", [1, 2, 3, 4, 5])

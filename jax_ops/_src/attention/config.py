@@ -52,12 +52,12 @@ KNOBS = Knobs(
         "else blocks of 512)",
     ),
     hopper_bwd_mods=Knob(
-        False,
+        True,
         env="JAX_OPS_ATTENTION_HOPPER_BWD_MODS",
         parse=_flag,
         doc="CUDA: run the backward of calls with a mask or a bias on the Hopper kernels' per-element variant "
-        "(dbias from dS); not yet run on a GPU, so off by default (masked backward: the portable kernel; "
-        "bias gradient: the reference VJP)",
+        "(dbias from dS); off (env 0): a masked backward runs the portable kernel and a bias gradient the "
+        "reference VJP",
     ),
     bwd_cluster=Knob(
         None,

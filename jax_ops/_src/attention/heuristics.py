@@ -72,7 +72,7 @@ def bwd_unsupported_reason(cfg: Config, q_shape, seqlen_k: int) -> str | None:
         # Only the Hopper kernels compute it (ffi_cuda/attention/heuristics.h, Sm90BwdSupports).
         hopper_dims = support()["cuda_sm90_bwd_head_dims"]
         if not cfg.tuning.hopper_bwd_mods:
-            return "the CUDA attention bias gradient is off (knob hopper_bwd_mods: not yet run on a GPU)"
+            return "the CUDA attention bias gradient is off (knob hopper_bwd_mods)"
         if dispatch.compute_capability(dispatch.first_gpu()) != (9, 0) or cfg.tuning.portable:
             return "the CUDA attention backward computes a bias gradient only in its Hopper (sm_90a) kernels"
         if head_dim not in hopper_dims or not float(np.float32(cfg.scale)) > 0 or T == 0 or seqlen_k == 0:

@@ -20,7 +20,7 @@ class Tuning:
     portable: bool = False  # the portable kernels instead of the Hopper ones
     fwd_persistent: int = -1  # the persistent Hopper forward: 1 on, 0 off, -1 the rule (heuristics.h)
     bwd_cluster: int = -1  # the Hopper backward's GQA dK/dV cluster size: 1, 2, 4, or -1 the rule
-    hopper_bwd_mods: bool = False  # a masked/biased backward on the Hopper kernels, not portable/reference
+    hopper_bwd_mods: bool = True  # a masked/biased backward on the Hopper kernels, not portable/reference
 
     @staticmethod
     def from_knobs() -> Tuning:
@@ -76,7 +76,7 @@ class Config:
     def bwd_attrs(self) -> dict[str, Any]:
         attrs = dict(self.contract_attrs(), **self.tuning.bwd_attrs())
         if (self.has_mask or self.has_bias) and not self.tuning.hopper_bwd_mods:
-            attrs["portable"] = True  # the verified path until the Hopper mask/bias backward has run on a GPU
+            attrs["portable"] = True  # the knob's A/B: the portable kernel for masked/biased backward calls
         return attrs
 
 
