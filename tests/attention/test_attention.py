@@ -286,6 +286,37 @@ def test_vmap_of_grad_per_example_bias_grad():
     assert rel_err(gb, ref[1].sum(0)) < 1e-5
 
 
+@pytest.mark.parametrize("bias_batched", [False, True], ids=["shared-bias", "per-example-bias"])
+def test_vmap_of_grad_groups_past_the_dbias_scores_budget(monkeypatch, bias_batched):
+    # The GPU form of the bias gradient (dS [V*B, N, T, S] f32) under vmap: past DBIAS_SCORES_BYTES the backward
+    # runs over groups of examples (a loop), each group's dS within the budget; the gradients are unchanged.
+    from jax_ops._src.attention import ffi as attention_ffi
+
+    q, k, v = qkv(1, 9, 11, 4, 2, 8, seed=8)
+    qv = jnp.stack([q * s for s in (1.0, 0.5, -1.0, 2.0, -0.25)])  # V = 5: groups of 2, 2, 1
+    bias = jax.random.normal(jax.random.key(9), (5, 1, 4, 9, 11) if bias_batched else (1, 4, 9, 11))
+
+    def grads(fn):
+        loss = lambda q, b: jnp.sum(jnp.sin(fn(q, k, v, b, is_causal=True)))  # noqa: E731
+        return jax.jit(jax.vmap(jax.grad(loss, (0, 1)), (0, 0 if bias_batched else None)))
+
+    monkeypatch.setattr(attention_ffi, "dispatch", _GpuDispatch)
+    with attention.overrides(hopper_bwd_mods=True):
+        folded = grads(ffi_attention)
+        folded_hlo = folded.lower(qv, bias).as_text()
+        folded_grads = folded(qv, bias)
+        monkeypatch.setattr(heuristics, "DBIAS_SCORES_BYTES", 2 * 4 * 1 * 4 * 9 * 11)  # two examples' dS
+        grouped = grads(ffi_attention)
+        grouped_hlo = grouped.lower(qv, bias).as_text()
+        grouped_grads = grouped(qv, bias)
+    assert "stablehlo.while" not in folded_hlo and "stablehlo.while" in grouped_hlo
+    ref = grads(nn_xla)(qv, bias)
+    assert grouped_grads[1].shape == (5, *bias.shape[bias_batched:])
+    for a, b, c in zip(grouped_grads, folded_grads, ref):
+        assert rel_err(a, b) < 1e-6
+        assert rel_err(a, c) < 1e-5
+
+
 def _mesh():
     return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
 

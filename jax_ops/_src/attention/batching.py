@@ -1,5 +1,7 @@
-"""``custom_vmap`` rules of the two targets: the mapped axis folds into the batch (one kernel launch, never a
-sequential loop); an unmapped broadcast bias/mask stays shared unless its gradient must come out per example."""
+"""``custom_vmap`` rules of the two targets: the mapped axis folds into the batch (one kernel launch); an unmapped
+broadcast bias/mask stays shared unless its gradient must come out per example. The one exception: a backward
+whose folded dbias scores (dS [V*B, N, T, S] float32) would pass their budget runs in groups of examples, one
+launch per group."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from jax_ops._src.attention import heuristics
+from jax_ops._src.attention.ffi import writes_dbias_scores
 from jax_ops._src.attention.sharding import partitioned
 from jax_ops._src.attention.validation import Config
 from jax_ops._src.batching import fold_leading, lead, unfold_leading
@@ -24,6 +28,18 @@ def _fold_bcast(x, batched: bool, v: int, B: int, present: bool, reducible: bool
     if x.shape[1] != B:
         x = jnp.broadcast_to(x, (v, B, *x.shape[2:]))
     return x.reshape(v * B, *x.shape[2:])
+
+
+def _map_in_groups(f, group: int, in_batched, args):
+    """f over the mapped axis of ``args`` in groups of ``group`` examples (each group one vmapped call, so this
+    rule again, with axis size ``group``); unmapped args are shared."""
+    mapped = tuple(a for a, b in zip(args, in_batched) if b)
+
+    def one(xs):
+        it = iter(xs)
+        return f(*(next(it) if b else a for a, b in zip(args, in_batched)))
+
+    return jax.lax.map(one, mapped, batch_size=group)
 
 
 @functools.cache
@@ -59,6 +75,11 @@ def bwd_op(cfg: Config):
     @bwd.def_vmap
     def _bwd_rule(axis_size, in_batched, q, k, v, bias, mask, qsl, kvsl, o, lse, do):
         V, B = axis_size, (q.shape[1] if in_batched[0] else q.shape[0])
+        args = (q, k, v, bias, mask, qsl, kvsl, o, lse, do)
+        scores_bytes = 4 * B * q.shape[-2] * q.shape[-3] * k.shape[-3]  # one example's dS
+        if writes_dbias_scores(cfg) and V > 1 and V * scores_bytes > heuristics.DBIAS_SCORES_BYTES:
+            group = max(1, heuristics.DBIAS_SCORES_BYTES // scores_bytes)
+            return _map_in_groups(bwd, group, in_batched, args), (True,) * 4
         qf, kf, vf = (fold_leading(x, bt, V) for x, bt in zip((q, k, v), in_batched[:3]))
         of, lf, df = (fold_leading(x, bt, V) for x, bt in zip((o, lse, do), in_batched[7:]))
         bf = _fold_bcast(bias, in_batched[3], V, B, cfg.has_bias, True)

@@ -46,12 +46,17 @@ def fwd_ffi(cfg: Config, q, k, v, bias, mask, qsl, kvsl):
     return tuple(_ffi.ffi_call(FWD_TARGET, out, q, k, v, bias, mask, qsl, kvsl, **cfg.fwd_attrs()))
 
 
+def writes_dbias_scores(cfg: Config) -> bool:
+    """Whether the backward writes dbias as dS [B, N, T, S] float32 (the CUDA form), not in the bias's shape."""
+    return cfg.has_bias and dispatch.platform() == "gpu" and cfg.tuning.hopper_bwd_mods
+
+
 def bwd_ffi(cfg: Config, q, k, v, bias, mask, qsl, kvsl, o, lse, do):
     """(dq, dk, dv, dbias), dbias in the bias's shape and dtype. On a GPU the kernel writes dbias as dS
     [B, N, T, S] float32 (the only form the CUDA backward has) and XLA sums it over the bias's broadcast dims."""
     B, T, N, _ = q.shape
     full = (B, N, T, k.shape[1])
-    scores = cfg.has_bias and dispatch.platform() == "gpu" and cfg.tuning.hopper_bwd_mods
+    scores = writes_dbias_scores(cfg)
     db = jax.ShapeDtypeStruct(full, jnp.float32) if scores else jax.ShapeDtypeStruct(bias.shape, bias.dtype)
     out = (
         jax.ShapeDtypeStruct(q.shape, q.dtype),
