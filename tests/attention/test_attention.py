@@ -305,7 +305,7 @@ def test_vmap_of_grad_groups_past_the_dbias_scores_budget(monkeypatch, bias_batc
         folded = grads(ffi_attention)
         folded_hlo = folded.lower(qv, bias).as_text()
         folded_grads = folded(qv, bias)
-        monkeypatch.setattr(heuristics, "DBIAS_SCORES_BYTES", 2 * 4 * 1 * 4 * 9 * 11)  # two examples' dS
+        monkeypatch.setattr(heuristics, "DBIAS_SCORES_BYTES", 2 * heuristics.dbias_scores_bytes(1, 4, 9, 11))
         grouped = grads(ffi_attention)
         grouped_hlo = grouped.lower(qv, bias).as_text()
         grouped_grads = grouped(qv, bias)

@@ -5,7 +5,7 @@ of a correct solver on any CPU: LSMR stops long before its Lanczos vectors lose 
 test fires (and the others stay off) with a margin of more than ``BORDERLINE`` at the stop and the iteration before
 (``stop_margin_ok`` checks this of every case, so a case that turns borderline fails as such, not as a solver bug).
 There istop/itn equal SciPy's and ``||x - x_scipy|| / ||x_scipy|| <= x_bound(...)``: X_TOL, or where larger
-X_SPREAD_FACTOR x SciPy's own spread (``x_spread``; the bound of test_lsmr's strict cases too: the stopping
+X_SPREAD_FACTOR x SciPy's own spread over ``rounding_copies``; the bound of test_lsmr's strict cases too: the stopping
 tolerances leave x itself only as accurate as the summation order of the last iterations).
 """
 
@@ -16,9 +16,8 @@ import scipy.sparse as sp
 from scipy.sparse.linalg import lsmr as scipy_lsmr
 
 X_TOL = 1e-8
-# x may differ from SciPy's by this multiple of SciPy's own spread: a few perturbed runs underestimate what
-# another summation order reaches (tall-x0: dense-vs-CSR 3.5e-9, one-ulp copies of b 1.5e-7, XLA's dense path
-# 1.9e-7 on an x86 CPU)
+# x may differ from SciPy's by this multiple of SciPy's own spread: a few rounding copies underestimate what
+# another summation order reaches (docs/design/lsmr.md, "Test bounds")
 X_SPREAD_FACTOR = 10.0
 
 # A stop test whose ratio (test / threshold) is within this factor of 1 at the stopping iteration or the one
@@ -88,21 +87,24 @@ def stop_ratios(r, normb, kw):
     return {code: float(v) for code, v in zip(range(1, 7), ratios) if np.isfinite(v) or v == np.inf}
 
 
-def x_spread(a, b, kw, x0=None, copies=4, seed=0) -> float:
-    """SciPy's own rounding spread of x on a problem: the largest ||x - x_csr|| / ||x_csr|| over a dense run and
-    ``copies`` runs with b perturbed by one ulp (only the summation order or the last bit of the data differ)."""
+def rounding_copies(a, b, copies=4, seed=0):
+    """Copies of the problem (a, b) that differ only in rounding: a dense a (another summation order), then
+    ``copies`` b's perturbed by one ulp."""
     rng = np.random.default_rng(seed)
-    ref = scipy_lsmr(a, b, x0=x0, **kw)[0]
-    runs = [scipy_lsmr(a.toarray(), b, x0=x0, **kw)[0]]
+    out = [(a.toarray() if sp.issparse(a) else a, b)]
     for _ in range(copies):
-        b_ulp = b * (1 + np.finfo(np.float64).eps * rng.standard_normal(b.shape))
-        runs.append(scipy_lsmr(a, b_ulp, x0=x0, **kw)[0])
-    return max(float(np.linalg.norm(x - ref) / np.linalg.norm(ref)) for x in runs)
+        out.append((a, b * (1 + np.finfo(np.float64).eps * rng.standard_normal(b.shape))))
+    return out
 
 
-def x_bound(a, b, kw, x0=None) -> float:
-    """The bound on x's relative distance from SciPy's: X_TOL, or X_SPREAD_FACTOR x SciPy's spread if larger."""
-    return max(X_TOL, X_SPREAD_FACTOR * x_spread(a, b, kw, x0))
+def x_bound(a, b, kw, ref_x, x0=None) -> float:
+    """The bound on x's relative distance from SciPy's ``ref_x``: X_TOL, or if larger X_SPREAD_FACTOR x SciPy's
+    own spread of x over the problem's rounding copies."""
+    spread = max(
+        float(np.linalg.norm(scipy_lsmr(ac, bc, x0=x0, **kw)[0] - ref_x) / np.linalg.norm(ref_x))
+        for ac, bc in rounding_copies(a, b)
+    )
+    return max(X_TOL, X_SPREAD_FACTOR * spread)
 
 
 def stop_margin_ok(a, b, kw, ref) -> bool:

@@ -6,14 +6,16 @@ Bounds. Nothing that depends on a summation order (the BLAS's, XLA's, the CPU's 
   (and istop may be the neighbouring test), and x and the estimates are compared with SciPy's state after the same
   number of iterations as ours.
 - x: on problems where LSMR stops before its Lanczos vectors lose orthogonality ("strict" cases)
-  ||x - x_scipy|| / ||x_scipy|| <= 1e-8 (float64; or ``lsmr_cases.X_SPREAD_FACTOR`` x SciPy's own spread of x
-  over a dense run and one-ulp copies of b where that is larger: ``lsmr_cases.x_bound``). Once orthogonality is lost the trajectory depends on rounding: SciPy itself, run on the same matrix as a
-  dense array instead of CSR (only the matvec summation order changes), differs by up to 1e-3 in x and by a few
-  iterations (see `test_scipy_self_variation` for the evidence on illc1850). On those "sensitive" cases the bounds
-  are calibrated by SciPy's own dense-vs-CSR variation.
+  ||x - x_scipy|| / ||x_scipy|| <= 1e-8 (float64; or, where larger, ``lsmr_cases.X_SPREAD_FACTOR`` x SciPy's
+  own spread of x over the problem's rounding copies: ``lsmr_cases.x_bound``). Once orthogonality is lost the
+  trajectory depends on rounding: SciPy itself, run on the same matrix as a dense array instead of CSR (only the
+  matvec summation order changes), differs by up to 1e-3 in x and by a few iterations (see
+  `test_scipy_self_variation` for the evidence on illc1850). On those "sensitive" cases the bounds are calibrated
+  by SciPy's own dense-vs-CSR variation.
 - the estimates norma/conda/normr/normar accumulate late, rounding-determined quantities: bounded by fixed
   tolerances or, where larger, by ``SPREAD_FACTOR`` times SciPy's own spread over copies of the problem that differ
-  only in rounding (``_scipy_spread``: dense instead of CSR, b perturbed by one ulp).
+  only in rounding (``_scipy_spread`` over ``lsmr_cases.rounding_copies``: dense instead of CSR, b perturbed by
+  one ulp).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from helpers import rel_err  # noqa: E402
 from lsmr_cases import BORDERLINE  # noqa: E402
 from lsmr_cases import gen as _gen  # noqa: E402
 from lsmr_cases import rhs as _rhs  # noqa: E402
+from lsmr_cases import rounding_copies as _rounding_copies  # noqa: E402
 from lsmr_cases import scipy_at as _scipy_at  # noqa: E402
 from lsmr_cases import stop_ratios as _stop_ratios  # noqa: E402
 from lsmr_cases import x_bound as _x_bound  # noqa: E402
@@ -94,12 +97,9 @@ def _check_stop(out, a, b, kw, ref=None):
 
 def _scipy_spread(a, b, kw, itn, copies=4, seed=0):
     """SciPy's own spread of the estimates (normr, normar, norma, conda, normx) after ``itn`` iterations: the
-    largest deviation from the CSR run over a dense run and ``copies`` runs with b perturbed by one ulp."""
-    rng = np.random.default_rng(seed)
+    largest deviation from the CSR run over the problem's rounding copies."""
     ref = _scipy_at(a, b, kw, itn)
-    runs = [_scipy_at(a.toarray() if sp.issparse(a) else a, b, kw, itn)]
-    for _ in range(copies):
-        runs.append(_scipy_at(a, b * (1 + np.finfo(np.float64).eps * rng.standard_normal(b.shape)), kw, itn))
+    runs = [_scipy_at(ac, bc, kw, itn) for ac, bc in _rounding_copies(a, b, copies, seed)]
     return np.max([np.abs(np.asarray(r[3:8]) - np.asarray(ref[3:8])) for r in runs], axis=0)
 
 
@@ -121,7 +121,7 @@ def test_strict_matches_scipy(x64, m, n, kw, consistent):
     a = _gen(m, n)
     b = _rhs(a, consistent)
     ref = scipy_lsmr(a, b, **kw)
-    x_tol = _x_bound(a, b, kw)
+    x_tol = _x_bound(a, b, kw, ref[0])
     spreads = {}
     for operand in (a, jnp.asarray(a.toarray())):  # scipy.sparse (-> BCOO/CSRPair) and dense paths
         out = _ours(operand, b, **kw)

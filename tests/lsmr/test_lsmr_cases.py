@@ -34,7 +34,7 @@ def test_matches_scipy(x64, case, impl):
     a, b, kw, x0 = problem(case)
     ref = scipy_lsmr(a, b, x0=x0, **kw)
     assert stop_margin_ok(a, b, kw, ref), "the case's stop is rounding-borderline: not a strict case"
-    x_tol = x_bound(a, b, kw, x0)
+    x_tol = x_bound(a, b, kw, ref[0], x0)
     for kind, op in operands(a, impl).items():
         out = jax_ops.lsmr(
             op, jnp.asarray(b), x0=None if x0 is None else jnp.asarray(x0), implementation=impl, **kw

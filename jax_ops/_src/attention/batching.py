@@ -76,9 +76,9 @@ def bwd_op(cfg: Config):
     def _bwd_rule(axis_size, in_batched, q, k, v, bias, mask, qsl, kvsl, o, lse, do):
         V, B = axis_size, (q.shape[1] if in_batched[0] else q.shape[0])
         args = (q, k, v, bias, mask, qsl, kvsl, o, lse, do)
-        scores_bytes = 4 * B * q.shape[-2] * q.shape[-3] * k.shape[-3]  # one example's dS
-        if writes_dbias_scores(cfg) and V > 1 and V * scores_bytes > heuristics.DBIAS_SCORES_BYTES:
-            group = max(1, heuristics.DBIAS_SCORES_BYTES // scores_bytes)
+        example_scores_bytes = heuristics.dbias_scores_bytes(B, q.shape[-2], q.shape[-3], k.shape[-3])
+        if writes_dbias_scores(cfg) and V > 1 and V * example_scores_bytes > heuristics.DBIAS_SCORES_BYTES:
+            group = max(1, heuristics.DBIAS_SCORES_BYTES // example_scores_bytes)
             return _map_in_groups(bwd, group, in_batched, args), (True,) * 4
         qf, kf, vf = (fold_leading(x, bt, V) for x, bt in zip((q, k, v), in_batched[:3]))
         of, lf, df = (fold_leading(x, bt, V) for x, bt in zip((o, lse, do), in_batched[7:]))

@@ -54,8 +54,14 @@ def unsupported_reason(query_dtype, head_dim: int, platform: str | None = None) 
 
 
 # The CUDA backward's bias gradient is dS as [B, N, T, S] float32, summed by XLA over the bias's broadcast dims;
-# above this many bytes of it the reference backward (blocked, O(block) memory) runs instead.
+# above this many bytes of it the reference backward (blocked, O(block) memory) runs instead, and vmap's fold runs
+# in groups of examples that stay below it (batching.py).
 DBIAS_SCORES_BYTES = 4 << 30
+
+
+def dbias_scores_bytes(B: int, N: int, T: int, S: int) -> int:
+    """Bytes of the CUDA backward's dS [B, N, T, S] float32."""
+    return 4 * B * N * T * S
 
 
 def bwd_unsupported_reason(cfg: Config, q_shape, seqlen_k: int) -> str | None:
@@ -77,7 +83,7 @@ def bwd_unsupported_reason(cfg: Config, q_shape, seqlen_k: int) -> str | None:
             return "the CUDA attention backward computes a bias gradient only in its Hopper (sm_90a) kernels"
         if head_dim not in hopper_dims or not float(np.float32(cfg.scale)) > 0 or T == 0 or seqlen_k == 0:
             return f"the CUDA attention bias gradient needs head dims {hopper_dims}, scale > 0 and T, S > 0"
-        if 4 * B * N * T * seqlen_k > DBIAS_SCORES_BYTES:
+        if dbias_scores_bytes(B, N, T, seqlen_k) > DBIAS_SCORES_BYTES:
             return "the CUDA attention bias gradient's [B, N, T, S] float32 dS would pass 4 GiB"
     return None
 
