@@ -1,5 +1,5 @@
-"""The raw FFI calls of the two targets (contract: ffi_cuda/attention/params.h), the dummy buffers of absent
-optional inputs, and the varying-manual-axes typing of their results inside ``jax.shard_map``."""
+"""The raw FFI calls of the two targets (contract: ffi_cuda/attention/params.h) and the dummy buffers of absent
+optional inputs."""
 
 from __future__ import annotations
 
@@ -10,34 +10,6 @@ from jax_ops import _ffi
 from jax_ops._src import dispatch
 from jax_ops._src.attention.heuristics import BWD_TARGET, FWD_TARGET
 from jax_ops._src.attention.validation import Config
-
-
-def _vma(x) -> frozenset:
-    return getattr(jax.typeof(x), "vma", frozenset())
-
-
-def vary_like(outs, ins, targets=None):
-    """Inside ``jax.shard_map``: the kernel's results carry no varying-manual-axes type. Mark each result as
-    varying over the axes any input varies over; with ``targets`` (the primal inputs of cotangents), sum the
-    cotangent over axes its primal is invariant along and mark it varying where its primal is."""
-    union = frozenset().union(*(_vma(x) for x in ins if x is not None))
-    if not union and not targets:
-        return tuple(outs)
-    res = []
-    for i, x in enumerate(outs):
-        if x is None:
-            res.append(x)
-            continue
-        missing = tuple(sorted(union - _vma(x)))
-        x = jax.lax.pcast(x, missing, to="varying") if missing else x
-        if targets is not None:
-            want = _vma(targets[i])
-            extra = tuple(sorted(_vma(x) - want))
-            x = jax.lax.psum(x, extra) if extra else x
-            missing = tuple(sorted(want - _vma(x)))
-            x = jax.lax.pcast(x, missing, to="varying") if missing else x
-        res.append(x)
-    return tuple(res)
 
 
 def fwd_ffi(cfg: Config, q, k, v, bias, mask, qsl, kvsl):

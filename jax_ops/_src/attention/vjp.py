@@ -14,11 +14,12 @@ from jax_ops._src.attention import heuristics
 from jax_ops._src.attention.batching import bwd_op, fwd_op
 from jax_ops._src.attention.blocked import blocked_attention, dense_fits
 from jax_ops._src.attention.config import KNOBS
-from jax_ops._src.attention.ffi import fill, vary_like
+from jax_ops._src.attention.ffi import fill
 from jax_ops._src.attention.masks import switch_on_mask
 from jax_ops._src.attention.merge import merge_by_lse
 from jax_ops._src.attention.reference import dot_product_attention as reference_attention
 from jax_ops._src.attention.validation import Config
+from jax_ops._src.vma import vary_like
 
 
 def _forward_split(cfg: Config, splits: int, q, k, v, qsl, kvsl):
