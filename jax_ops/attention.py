@@ -31,7 +31,9 @@ Autodiff: ``custom_vjp``; the forward saves O and the fp32 log-sum-exp, the back
 ``bias`` gets a gradient (reduced over its broadcast dims inside the kernel). ``vmap`` folds the mapped axis into
 the batch (``custom_vmap``, never a sequential loop). Sharding: batch and head dims partition without gathers
 via ``custom_partitioning`` (Shardy rule; the head dim shards over kv heads, so the shard count must divide
-``K``); :func:`shard_map_attention` is the explicit ``jax.shard_map`` path.
+``K``); :func:`shard_map_attention` is the explicit ``jax.shard_map`` path. A sharded sequence (context
+parallelism) runs :func:`ring_attention` (K/V blocks rotate over the sequence axis, merged by log-sum-exp;
+:func:`ring_attention_shard` inside your own ``shard_map``; :func:`zigzag_order` for causal load balance).
 
 Knobs (tests, experiments): ``with jax_ops.attention.overrides(kv_splits=4, portable=True, ...)``; see
 docs/attention.md for the list and their environment variables. This module only re-exports; the code is in
@@ -41,11 +43,15 @@ docs/attention.md for the list and their environment variables. This module only
 from jax_ops._src.attention.api import IMPLEMENTATIONS, dot_product_attention, shard_map_attention
 from jax_ops._src.attention.config import overrides
 from jax_ops._src.attention.heuristics import unsupported_reason
+from jax_ops._src.attention.ring import ring_attention, ring_attention_shard, zigzag_order
 
 __all__ = [
     "IMPLEMENTATIONS",
     "dot_product_attention",
     "overrides",
+    "ring_attention",
+    "ring_attention_shard",
     "shard_map_attention",
     "unsupported_reason",
+    "zigzag_order",
 ]

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_ops._src.attention.validation import Config
+from jax_ops._src.vma import vary_like
 
 # The dense reference materialises a few [B, N, T, S] fp32 tensors (logits, probabilities, their cotangents);
 # above this many logits bytes the blocked path runs instead.
@@ -82,6 +83,12 @@ class _Problem:
         self.mask = None if mask is None else _pad_broadcast(mask, tp, sp, False)
         self.qsl = qsl if cfg.has_q_seqlen else None
         self.kvsl = kvsl if cfg.has_kv_seqlen else None
+        self.operands = (q, k, v, bias, mask, self.qsl, self.kvsl)
+
+    def carry(self, init, *more):
+        """A scan's initial carry, typed as varying over the manual axes the operands (and ``more``) vary over
+        inside ``jax.shard_map`` (the carry out is)."""
+        return vary_like(init, self.operands + more)
 
     def q_block(self, i):
         return lax.dynamic_slice_in_dim(self.q, i * self.blk.bq, self.blk.bq, 1)
@@ -158,7 +165,7 @@ def _forward(cfg: Config, blocks: _Blocks, q, k, v, bias, mask, qsl, kvsl):
             jnp.zeros((B, N, bq), pr.f32),
             jnp.zeros((B, bq, pr.K, pr.G, D), pr.f32),
         )
-        (m, l, acc), _ = lax.scan(key_block, init, jnp.arange(blocks.nk))  # noqa: E741
+        (m, l, acc), _ = lax.scan(key_block, pr.carry(init), jnp.arange(blocks.nk))  # noqa: E741
         empty = l == 0  # no allowed key (a NaN l is not empty: NaN reaches o, as in the reference)
         l_safe = jnp.where(empty, 1.0, l)
         o = acc.reshape(B, bq, N, D) / l_safe.transpose(0, 2, 1)[..., None]
@@ -209,7 +216,8 @@ def _backward(cfg: Config, blocks: _Blocks, res, do):
             _, _, _, ds = pieces(i, j, kb, vb)
             return dq + pr.pv(ds, kb) * scale, None
 
-        dq, _ = lax.scan(step, jnp.zeros((B, bq, K, G, D), pr.f32), jnp.arange(blocks.nk))
+        (dq,) = pr.carry((jnp.zeros((B, bq, K, G, D), pr.f32),), o, lse, do)
+        dq, _ = lax.scan(step, dq, jnp.arange(blocks.nk))
         return dq
 
     def dkv_block(j):
@@ -225,7 +233,7 @@ def _backward(cfg: Config, blocks: _Blocks, res, do):
             return (dk, dv), _reduce_bias_block(pr, ds)
 
         zeros = jnp.zeros((B, bk, K, D), pr.f32)
-        (dk, dv), dbias = lax.scan(step, (zeros, zeros), jnp.arange(blocks.nq))
+        (dk, dv), dbias = lax.scan(step, pr.carry((zeros, zeros), o, lse, do), jnp.arange(blocks.nq))
         return dk, dv, dbias
 
     dq = lax.map(dq_block, jnp.arange(blocks.nq))  # [nq, B, bq, K, G, D]
@@ -286,3 +294,13 @@ def blocked_attention(
     blocks of ``block`` queries x ``block`` keys; differentiable in q, k, v and bias."""
     o, lse, empty = _blocked(cfg, _tiling(q.shape[1], k.shape[1], block), q, k, v, bias, mask, qsl, kvsl)
     return (o, jnp.where(empty, -jnp.inf, lse)) if return_lse else o
+
+
+def blocked_backward(cfg: Config, q, k, v, qsl, kvsl, o, lse, do, *, block: int = DEFAULT_BLOCK):
+    """(dq, dk, dv) of one key block of a larger attention whose output ``o`` and natural-log ``lse`` [B, N, T]
+    (-inf on empty rows) are given: the probabilities are recomputed against that lse, as the backward kernel
+    does (ring attention's per-block backward on the jnp path). No bias or mask."""
+    empty = lse == -jnp.inf
+    res = (q, k, v, None, None, qsl, kvsl, o, jnp.where(empty, 0.0, lse), empty)
+    dq, dk, dv, _ = _backward(cfg, _tiling(q.shape[1], k.shape[1], block), res, do)
+    return dq, dk, dv
