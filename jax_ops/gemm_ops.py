@@ -6,7 +6,9 @@ b_scale, implementation)`` = ``act(alpha * op(a) @ op(b) + beta * c + bias) + re
 ``precision`` allows TF32), f64, float8 e4m3fn/e5m2 and int8 (with dequantisation scales).
 ``gated_linear(x, w_gate, w_up=None, activation="silu")`` = ``act(x @ w_gate) * (x @ w_up)`` in one kernel, also
 for tokamax's packed ``[K, 2, N]`` weight. All three work under jit, vmap, grad (custom_vjp, float types) and
-sharding (batch, M and N; ``custom_partitioning``), and take ``implementation=None | "ffi" | "xla"``.
+sharding (batch, M and N, and K split with a reduction of f32 partials before the epilogue;
+``custom_partitioning``), and take ``implementation=None | "ffi" | "xla"``. ``k_sharded_gemm`` is ``gemm`` inside a
+``jax.shard_map`` whose axis splits K (psum / psum_scatter, then the epilogue).
 
 ``ACTIVATIONS`` names the epilogue's activations; ``overrides(plan=...)`` forces a CUDA kernel (tests). The
 public functions are re-exported as ``jax_ops.gemm``, ``jax_ops.linear`` and ``jax_ops.gated_linear`` (this module
@@ -14,7 +16,7 @@ is not called ``jax_ops.gemm`` so that name stays the function). docs/gemm.md ha
 """
 
 from jax_ops._src.gemm.activations import ACTIVATIONS
-from jax_ops._src.gemm.api import gated_linear, gemm, linear
+from jax_ops._src.gemm.api import gated_linear, gemm, k_sharded_gemm, linear
 from jax_ops._src.gemm.config import overrides
 
-__all__ = ["ACTIVATIONS", "gated_linear", "gemm", "linear", "overrides"]
+__all__ = ["ACTIVATIONS", "gated_linear", "gemm", "k_sharded_gemm", "linear", "overrides"]

@@ -54,19 +54,27 @@ def gemm_reference(cfg: Config, a, b, b_up, bias, c, residual, a_scale, b_scale,
         weights = [b, b_up]
     else:  # packed [Bb, K, 2, N]
         weights = [b[:, :, 0], b[:, :, 1]]
+    return epilogue(cfg, [accumulate(w) for w in weights], bias, c, residual, a_scale, b_scale)
+
+
+def epilogue(cfg: Config, accs, bias, c, residual, a_scale, b_scale):
+    """params.h's epilogue on accumulated products (one per weight: gate and up when gated), each ``[..., M, N]``
+    in the epilogue dtype (f32; f64 for f64): ``(out, preact)`` as :func:`gemm_reference`. Also the epilogue of a
+    K-sharded product (sharding.py), after the reduction of its partial sums."""
+    epi_dtype = accs[0].dtype
     a_s = 1.0
     if present(a_scale):
         a_s = a_scale.astype(epi_dtype)
         a_s = a_s[..., None] if a_s.size > 1 else a_s.reshape(())  # per row ([M] or [B, M]) or per tensor
     zs = []
-    for i, w in enumerate(weights):
+    for i, acc in enumerate(accs):
         s = 1.0
         if present(b_scale):
             bs = b_scale.astype(epi_dtype).reshape(-1)
-            s = bs[0] if bs.shape[0] == 1 else bs.reshape(len(weights), -1)[i]
-        z = cfg.alpha * (accumulate(w) * (a_s * s))
+            s = bs[0] if bs.shape[0] == 1 else bs.reshape(len(accs), -1)[i]
+        z = cfg.alpha * (acc * (a_s * s))
         if present(bias):
-            z = z + bias.astype(epi_dtype).reshape(len(weights), -1)[i]
+            z = z + bias.astype(epi_dtype).reshape(len(accs), -1)[i]
         zs.append(z)
     if present(c) and cfg.beta != 0:
         zs[0] = zs[0] + cfg.beta * c.astype(epi_dtype)

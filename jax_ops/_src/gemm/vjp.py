@@ -44,7 +44,8 @@ def _fwd(cfg: Config, *operands):
     saves = cfg.write_preact or _saves_preact(cfg)
     # through gemm_pair itself, so that a second derivative sees z as a differentiable value
     out, preact = gemm_pair(dataclasses.replace(cfg, write_preact=saves), *operands)
-    returned = preact if cfg.write_preact else jnp.zeros((0,), cfg.out_dtype)
+    # typed like the primal's (varying inside shard_map where the operands vary)
+    returned = preact if cfg.write_preact else vary_like((jnp.zeros((0,), cfg.out_dtype),), operands)[0]
     return (out, returned), (operands, preact if saves else None)
 
 
