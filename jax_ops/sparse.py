@@ -34,7 +34,11 @@ never a loop. Batched matrices (values under vmap) fall back to ``lax.map``; BCO
 rejected.
 
 Partitioning: row-independent. Under ``jax.shard_map`` shard the dense operand over N (columns) and replicate
-the matrix: each shard runs SpMM on its local columns with no communication.
+the matrix: each shard runs SpMM on its local columns with no communication. Rows sharded:
+:func:`row_sharded` (``A`` split over a mesh axis as :class:`RowShardedCSR`, one CSR(A_s) + CSR(A_sᵀ) block per
+shard): ``A @ x`` (x replicated, the result row-sharded, no communication), ``A.T @ u`` / ``u @ A`` (u
+row-sharded, a local product and one psum), and ``A_blk.local_matmul`` / ``local_rmatmul`` inside a hand-written
+``shard_map``.
 
 Knobs (``with overrides(...)``): ``slab_smem_bytes`` (the slab width budget; docs/sparse.md).
 """
@@ -57,6 +61,7 @@ from jax_ops._src.sparse.plan import (
     segments_host,
     spmm_takes_split,
 )
+from jax_ops._src.sparse.sharded import SHARDED_ALGORITHMS, RowShardedCSR, row_sharded
 from jax_ops._src.sparse.slabs import SlabModel, SlabPlan, Slabs, slab_group, slab_model, slab_shape
 
 __all__ = [
@@ -69,6 +74,8 @@ __all__ = [
     "MAX_BLOCK_ROWS",  # noqa: F822 (module __getattr__)
     "Plan",
     "RowProfile",
+    "RowShardedCSR",
+    "SHARDED_ALGORITHMS",
     "SLAB_CTAS_PER_SM",  # noqa: F822
     "STREAM_CAP",  # noqa: F822
     "SlabModel",
@@ -81,6 +88,7 @@ __all__ = [
     "matmul",
     "overrides",
     "profile_of",
+    "row_sharded",
     "segmented_applies",
     "segments_host",
     "slab_group",

@@ -15,6 +15,7 @@ from jax_ops._src.sparse.blocks import BlockPlan, Blocks
 from jax_ops._src.sparse.formats import _acc_dtype, _row_ids, _sanitize_indptr, _transpose_csr
 from jax_ops._src.sparse.plan import Plan, plan_transpose
 from jax_ops._src.sparse.slabs import SlabPlan, Slabs
+from jax_ops._src.vma import vary_like
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +88,11 @@ def _blocks_sampled(bl: Blocks, ga, b2):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _apply(st: _Static, a_arrays, t_arrays, values, t_values, alt, b2, alpha, beta, y):
-    return _product(st, a_arrays, values, alt, b2, alpha, beta, y)
+    out = _product(st, a_arrays, values, alt, b2, alpha, beta, y)
+    # inside shard_map: the kernel's result varies where its operands do
+    return vary_like(
+        (out,), jax.tree_util.tree_leaves((a_arrays, t_arrays, values, t_values, alt, b2, alpha, beta, y))
+    )[0]
 
 
 def _apply_fwd(st, a_arrays, t_arrays, values, t_values, alt, b2, alpha, beta, y):
@@ -141,7 +146,7 @@ def _apply_bwd(st, res, g):
         gbeta = jnp.zeros_like(beta)
         gy = jnp.zeros_like(y)
     zero_like = lambda t: jax.tree_util.tree_map(lambda x: np.zeros(x.shape, jax.dtypes.float0), t)
-    return (
+    grads = (
         zero_like(a_arrays),
         zero_like(t_arrays),
         gv,
@@ -152,6 +157,19 @@ def _apply_bwd(st, res, g):
         gbeta,
         gy,
     )
+    return _typed_like(grads, res, g)
+
+
+def _typed_like(grads, primals, g):
+    """Inside shard_map: each float cotangent summed over the axes its primal is invariant along (a replicated
+    operand's gradient is the sum of the shards' partials) and typed like its primal."""
+    flat, tree = jax.tree_util.tree_flatten(grads)
+    prim = jax.tree_util.tree_leaves(primals)
+    floats = [i for i, x in enumerate(flat) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    typed = vary_like([flat[i] for i in floats], (*prim, g), targets=[prim[i] for i in floats])
+    for i, x in zip(floats, typed):
+        flat[i] = x
+    return jax.tree_util.tree_unflatten(tree, flat)
 
 
 _apply.defvjp(_apply_fwd, _apply_bwd)
