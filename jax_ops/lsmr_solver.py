@@ -6,6 +6,7 @@ The implementation lives in ``jax_ops._src.lsmr``; this module re-exports the pu
 from jax_ops._src.lsmr.api import lsmr
 from jax_ops._src.lsmr.config import COMMAND_BUFFER_OPTIONS, ITERATIONS, LOOP_COMPILER_OPTIONS, overrides
 from jax_ops._src.lsmr.heuristics import GPU_UNROLL
+from jax_ops._src.lsmr.sharded import RowShardedMatrix, row_sharded
 from jax_ops._src.lsmr.types import ISTOP_MESSAGES, LSMRResult
 
 __all__ = [
@@ -15,6 +16,8 @@ __all__ = [
     "ITERATIONS",
     "LOOP_COMPILER_OPTIONS",
     "LSMRResult",
+    "RowShardedMatrix",
     "lsmr",
     "overrides",
+    "row_sharded",
 ]

@@ -106,3 +106,13 @@ def test_long_context_training_matches_single_device(extra, capsys):
     assert result["loss_diff_max"] <= 1e-5 and result["grad_rel_diff_max"] <= 1e-5
     assert result["losses"][-1] < result["losses"][0]
     assert capsys.readouterr().out.rstrip().endswith("PASS")
+
+
+def test_distributed_lsmr_matches_single_device(capsys):
+    """The solve with A's rows over the 8 fake devices gives the single-device solve (float64: same istop and itn,
+    x to rounding), for a row count that needs padding."""
+    example = _load("distributed_lsmr")
+    result = example.main(["--rows", "3001", "--cols", "200", "--damp", "0.1"])
+    assert result["devices"] == 8
+    assert result["sharded"][:2] == result["single"][:2] and result["x_diff"] <= 1e-10
+    assert capsys.readouterr().out.rstrip().endswith("PASS")

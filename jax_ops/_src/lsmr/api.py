@@ -34,6 +34,9 @@ Operators (``A``):
     (``beta`` is a scalar array). Register the object as a pytree (e.g. a NamedTuple or
     ``jax.tree_util.register_dataclass``) so its arrays are arguments of the jitted solve (no recompile for new
     values, gradients w.r.t. them); a non-pytree object is used as a static closure.
+  * a row-sharded matrix (``jax_ops.lsmr_solver.row_sharded``: a dense ``RowShardedMatrix`` or a
+    ``jax_ops.sparse.RowShardedCSR``): lsmr runs a ``jax.shard_map`` over its mesh axis (``sharded.py``); inside a
+    shard_map of your own, pass each shard's rows with ``axis_name``.
 
 Precision: vectors, matvecs and the scalar recurrence run in ``b``'s dtype (float32 or float64). The fused
 iteration's kernels accumulate the sums of squares behind the norms in float64 always; the jnp loops ("step",
@@ -50,10 +53,10 @@ import jax
 import jax.numpy as jnp
 
 from jax_ops._src import dispatch
-from jax_ops._src.lsmr import arguments, progress
+from jax_ops._src.lsmr import arguments, progress, sharded
 from jax_ops._src.lsmr.config import ITERATIONS, KNOBS, LoopConfig
 from jax_ops._src.lsmr.heuristics import DEFAULT_ON_CPU, default_unroll
-from jax_ops._src.lsmr.operators import as_operator
+from jax_ops._src.lsmr.operators import RowSharded, as_operator
 from jax_ops._src.lsmr.types import ColParams, LSMRResult
 from jax_ops._src.lsmr.vjp import block_solver
 
@@ -95,6 +98,7 @@ def lsmr(
     *,
     implementation: str | None = None,
     unroll: int | None = None,
+    axis_name: Any = None,
 ) -> LSMRResult:
     """Iterative solver for least-squares problems, ``scipy.sparse.linalg.lsmr`` semantics, jittable.
 
@@ -122,6 +126,11 @@ def lsmr(
         ``"ffi"`` (our kernels, the CPU twin on the CPU; raises when a kernel path is unavailable) or ``"xla"``
         (jnp recurrences and jax.experimental.sparse products).
       unroll: LSMR iterations per ``while_loop`` trip (default 1 on CPU, 2 on GPU); results do not depend on it.
+      axis_name: inside ``jax.shard_map``, the mesh axis (or tuple of axes) that splits A's rows: ``A`` and ``b``
+        are then this shard's rows, ``x0`` and the result are whole (replicated); A^T u and the m-space norms are
+        summed over the axis by ``psum``. Outside a shard_map, pass ``row_sharded(A, mesh, axis)`` (a
+        ``RowShardedMatrix`` or ``jax_ops.sparse.RowShardedCSR``) as ``A`` instead: lsmr then runs the shard_map
+        (docs/lsmr.md, "Row-sharded solves").
 
     Returns:
       :class:`LSMRResult` ``(x, istop, itn, normr, normar, norma, conda, normx)``. ``istop`` is SciPy's code
@@ -135,6 +144,15 @@ def lsmr(
     ``x = x0 + (A^T A + damp^2 I)^{-1} A^T (b - A x0)``; ``damp``/tolerances and the other outputs are not
     differentiated.
     """
+    if sharded.is_row_sharded(A):
+        if axis_name is not None:
+            raise ValueError(
+                f"lsmr: a {type(A).__name__} runs its own shard_map; inside one, pass this shard's rows of A "
+                "(its .local()) with axis_name instead"
+            )
+        return sharded.solve(
+            A, b, damp, atol, btol, conlim, maxiter, show, x0, implementation=implementation, unroll=unroll
+        )
     chosen = dispatch.choose("lsmr", implementation, default_on_cpu=DEFAULT_ON_CPU)
     # "ffi" chosen for None keeps None downstream: the products (CSRPair) keep their own fallbacks
     implementation = "xla" if chosen == "xla" else implementation
@@ -143,17 +161,21 @@ def lsmr(
     b = jnp.asarray(b).astype(dtype)
     spec, leaves = as_operator(A, dtype, implementation)
     m, n = spec.m, spec.n
+    shards = 1
+    if axis_name is not None:
+        axis_name = sharded.hashable_axis(axis_name)
+        shards = sharded.bound_axis_size(axis_name)
+        spec = RowSharded(spec, axis_name)
     if b.shape[0] != m:
-        raise ValueError(f"b has shape {tuple(b.shape)} but A has shape ({m}, {n}): b must have length {m}")
+        whose = "this shard's rows of A have" if axis_name is not None else "A has"
+        raise ValueError(f"b has shape {tuple(b.shape)} but {whose} shape ({m}, {n}): b must have length {m}")
     x0 = arguments.coerce_x0(x0, n, m, dtype)
     damp_a = arguments.damp_array(damp, dtype)
     atol_a, _ = arguments.scalar("atol", atol, dtype)
     btol_a, _ = arguments.scalar("btol", btol, dtype)
     conlim_a, _ = arguments.scalar("conlim", conlim, dtype)
-    maxiter_a = arguments.maxiter_array(maxiter, m, n)
-    for name, val in (("b", b), ("x0", x0)):
-        if val is not None and not isinstance(val, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(val))):
-            raise ValueError(f"{name} contains NaN or Inf")
+    maxiter_a = arguments.maxiter_array(maxiter, m * shards, n)  # min(m, n) of the whole (sharded) matrix
+    arguments.check_finite(b=b, x0=x0)
     if unroll is None:
         unroll = default_unroll(dispatch.platform())
     if int(unroll) < 1:

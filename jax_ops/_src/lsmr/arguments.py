@@ -147,3 +147,10 @@ def maxiter_array(maxiter, m: int, n: int):
     if not jnp.issubdtype(arr.dtype, jnp.integer):
         raise TypeError(f"maxiter must be a real number, got dtype {arr.dtype}")
     return jnp.clip(arr, 0, _MAXITER_CAP).astype(jnp.int32).reshape(1)
+
+
+def check_finite(**named) -> None:
+    """Outside any trace: ``ValueError`` for a concrete array (b, x0) with NaN or Inf (inside jit: istop -1)."""
+    for name, val in named.items():
+        if val is not None and not isinstance(val, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(val))):
+            raise ValueError(f"{name} contains NaN or Inf")

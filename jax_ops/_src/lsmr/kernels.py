@@ -10,7 +10,7 @@ the updated inputs (``hbar``/``x``, ``h``): under ``jit`` with donated inputs, o
 update runs in place.
 
 Partitioning: elementwise; vmap adds leading rows (``vmap_method="broadcast_all"``), and under ``shard_map``
-each shard runs the kernel on its local block.
+each shard runs the kernel on its local block (results typed varying where the inputs vary).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import numpy as np
 
 from jax_ops import _checks, _ffi
 from jax_ops._src.lsmr import reference
+from jax_ops._src.vma import vary_like
 
 _DTYPES = (np.float32, np.float64)
 
@@ -66,11 +67,10 @@ def hbar_x_update(h, hbar, x, c_h, c_x, *, implementation: str | None = None):
     if implementation == "xla":
         return reference.lsmr_hbar_x_update(h, hbar, x, c_h, c_x)
     out = jax.ShapeDtypeStruct(h.shape, h.dtype)
-    return tuple(
-        _ffi.ffi_call(
-            "jax_ops_lsmr_hbar_x", (out, out), h, hbar, x, c_h, c_x, input_output_aliases={1: 0, 2: 1}
-        )
+    res = _ffi.ffi_call(
+        "jax_ops_lsmr_hbar_x", (out, out), h, hbar, x, c_h, c_x, input_output_aliases={1: 0, 2: 1}
     )
+    return vary_like(res, (h, hbar, x, c_h, c_x))
 
 
 def h_update(v, h, c_v, *, implementation: str | None = None) -> jax.Array:
@@ -81,7 +81,8 @@ def h_update(v, h, c_v, *, implementation: str | None = None) -> jax.Array:
     if implementation == "xla":
         return reference.lsmr_h_update(v, h, c_v)
     out = jax.ShapeDtypeStruct(h.shape, h.dtype)
-    return _ffi.ffi_call("jax_ops_lsmr_h", out, v, h, c_v, input_output_aliases={1: 0})
+    res = _ffi.ffi_call("jax_ops_lsmr_h", out, v, h, c_v, input_output_aliases={1: 0})
+    return vary_like((res,), (v, h, c_v))[0]
 
 
 def norm_partials(n: int, dtype, unroll: int = 1) -> int:
@@ -129,14 +130,13 @@ def step_update(vb, v, h, hbar, x, s_v, keep_v, c_h, c_x, c_v, *, implementation
         return reference.lsmr_step_update(vb, v, h, hbar, x, *coefs)
     out = jax.ShapeDtypeStruct(h.shape, h.dtype)
     partials = jax.ShapeDtypeStruct((*h.shape[:-1], norm_partials(h.shape[-1], h.dtype)), h.dtype)
-    return tuple(
-        _ffi.ffi_call(
-            "jax_ops_lsmr_step",
-            (out, out, out, out, partials),
-            vb, v, h, hbar, x, *coefs,
-            input_output_aliases={1: 0, 2: 1, 3: 2, 4: 3},
-        )
+    res = _ffi.ffi_call(
+        "jax_ops_lsmr_step",
+        (out, out, out, out, partials),
+        vb, v, h, hbar, x, *coefs,
+        input_output_aliases={1: 0, 2: 1, 3: 2, 4: 3},
     )  # fmt: skip
+    return vary_like(res, (vb, v, h, hbar, x, *coefs))
 
 
 # ---- The fused LSMR iteration (``jax_ops.lsmr``'s default loop on a GPU, ``loop.step_kernels``). FFI only: the
@@ -193,7 +193,8 @@ def partial_norms(vec: jax.Array, *, columns: bool = False) -> jax.Array:
     (vec,) = _vectors(vec=vec)
     lead, count = _lead_and_parts(vec, columns, native()["partial_norms_unroll"])
     parts = jax.ShapeDtypeStruct((*lead, count), vec.dtype)
-    return _ffi.ffi_call("jax_ops_lsmr_partial_norms", parts, vec, columns=np.int32(columns))
+    res = _ffi.ffi_call("jax_ops_lsmr_partial_norms", parts, vec, columns=np.int32(columns))
+    return vary_like((res,), (vec,))[0]
 
 
 def normalize(ub: jax.Array, ub_partials: jax.Array, *, columns: bool = False):
@@ -216,7 +217,7 @@ def normalize(ub: jax.Array, ub_partials: jax.Array, *, columns: bool = False):
         input_output_aliases={0: 0},
         columns=np.int32(columns),
     )
-    return u, beta, vb_coef
+    return vary_like((u, beta, vb_coef), (ub, ub_partials))
 
 
 def iteration_step(vb, h, hbar, x, vb_partials, sc, ints, beta, params, *, columns: bool = False):
@@ -237,22 +238,22 @@ def iteration_step(vb, h, hbar, x, vb_partials, sc, ints, beta, params, *, colum
         input_output_aliases={0: 0, 1: 1, 2: 2, 3: 3},
         columns=np.int32(columns),
     )  # fmt: skip
-    return tuple(res)
+    return vary_like(res, (vb, h, hbar, x, vb_partials, sc, ints, beta, params))
 
 
 def iteration_scalars(sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials):
     """The rest of an LSMR iteration's scalar recurrence for every row (in place): the rotations again (the same
     bits as :func:`iteration_step`'s), the estimates of ``||r||``, ``||A||``, ``cond(A)``, ``||x||`` (from
     ``x_partials``), the stopping tests and the guarded state update. Returns ``(sc', ints', -alpha')``."""
-    return tuple(
-        _ffi.ffi_call(
-            "jax_ops_lsmr_scalars",
-            (
-                jax.ShapeDtypeStruct(sc.shape, sc.dtype),
-                jax.ShapeDtypeStruct(ints.shape, ints.dtype),
-                jax.ShapeDtypeStruct(neg_alpha.shape, neg_alpha.dtype),
-            ),
-            sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials,
-            input_output_aliases={0: 0, 1: 1, 2: 2},
-        )
-    )  # fmt: skip
+    ins = (sc, ints, neg_alpha, beta, params, maxiter, vb_partials, x_partials)
+    res = _ffi.ffi_call(
+        "jax_ops_lsmr_scalars",
+        (
+            jax.ShapeDtypeStruct(sc.shape, sc.dtype),
+            jax.ShapeDtypeStruct(ints.shape, ints.dtype),
+            jax.ShapeDtypeStruct(neg_alpha.shape, neg_alpha.dtype),
+        ),
+        *ins,
+        input_output_aliases={0: 0, 1: 1, 2: 2},
+    )
+    return vary_like(res, ins)

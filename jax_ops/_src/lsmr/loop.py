@@ -11,12 +11,14 @@ from jax_ops._src.lsmr.heuristics import use_columns
 from jax_ops._src.lsmr.kernels import scalar_order
 from jax_ops._src.lsmr.recurrence import init_state, pack, step, unpack
 from jax_ops._src.lsmr.types import LSMRResult
+from jax_ops._src.vma import varying_axes
 
 
 def solve_block(spec, has_x0, loop, implementation, leaves, B, X0, cp):
     """The block solve: B [k, m] (X0 [k, n]) -> LSMRResult with a leading k."""
     state, normb = init_state(spec, leaves, B, X0 if has_x0 else None, cp, implementation)
-    if loop.iteration == "kernels" and implementation != "xla":
+    # A row-sharded spec runs the "step" iteration: the fused kernels' partial norms are per shard, not summed.
+    if loop.iteration == "kernels" and implementation != "xla" and spec.axis_name is None:
         return solve_block_kernels(
             spec, leaves, cp, state, normb, loop.unroll, columns=use_columns(B.shape[0])
         )
@@ -29,11 +31,30 @@ def solve_block(spec, has_x0, loop, implementation, leaves, B, X0, cp):
             st = step(spec, leaves, cp, normb, st, implementation, iteration)
         return pack_(st)
 
-    state = unpack_(jax.lax.while_loop(lambda st: ~jnp.all(st["done"]), body, pack_(state)))
+    carry = pack_(state)
+    if spec.axis_name is not None:
+        carry = vary_like_body(body, carry)
+    state = unpack_(jax.lax.while_loop(lambda st: ~jnp.all(st["done"]), body, carry))
     return LSMRResult(
         state["x"], state["istop"], state["itn"], state["normr"], state["normar"], state["normA"],
         state["condA"], state["normx"],
     )  # fmt: skip
+
+
+def vary_like_body(body, carry):
+    """``carry`` typed varying wherever ``body`` makes it vary (inside ``jax.shard_map`` a while loop's carry must
+    keep its type: x and hbar start as invariant zeros but vary when the solution's space is sharded, as in the
+    adjoint solve for A^T; with the damping rows of [A; damp I] every vector and scalar does)."""
+    for _ in range(len(jax.tree_util.tree_leaves(carry))):  # each round adds varying axes or ends
+        out = jax.eval_shape(body, carry)
+        grown = jax.tree_util.tree_map(lambda c, o: varying_axes(o) - varying_axes(c), carry, out)
+        if not any(jax.tree_util.tree_leaves(grown, is_leaf=lambda a: isinstance(a, frozenset))):
+            return carry
+        carry = jax.tree_util.tree_map(
+            lambda c, axes: jax.lax.pcast(c, tuple(sorted(axes)), to="varying") if axes else c,
+            carry, grown, is_leaf=lambda a: isinstance(a, frozenset),
+        )  # fmt: skip
+    return carry
 
 
 def step_kernels(spec, leaves, cp, params, c, columns=False):

@@ -11,6 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_ops._src.lsmr.recurrence import sum_squares
+from jax_ops._src.vma import vary_like
+
 COMPLEX_HINT = (
     "jax_ops.lsmr solves real problems only; solve the real form [[Re A, -Im A], [Im A, Re A]] [Re x; Im x] = "
     "[Re b; Im b] instead"
@@ -23,6 +26,8 @@ COMPLEX_HINT = (
 class Spec(abc.ABC):
     m: int
     n: int
+    # The mesh axis (or axes) whose shards hold the rows of A, for a spec inside jax.shard_map; None: all local.
+    axis_name = None
 
     @abc.abstractmethod
     def mv(self, leaves, V, cp):
@@ -48,6 +53,21 @@ class Spec(abc.ABC):
     def rmv_axpby_cols(self, leaves, U, V, beta, cp):
         """A^T U + V * beta[None, :] for column blocks."""
         return self.rmv_axpby(leaves, U.T, V.T, beta, cp).T
+
+    # The row norms of the recurrence's vectors: range (m-space: b, u) and domain (n-space: v, x) blocks.
+    def range_sum_squares(self, U):
+        """Row sums of squares of U [k, m] in the accumulator dtype (a sharded spec sums over its shards)."""
+        return sum_squares(U)
+
+    def domain_sum_squares(self, V):
+        """Row sums of squares of V [k, n] in the accumulator dtype."""
+        return sum_squares(V)
+
+    def range_norm(self, U):
+        return jnp.sqrt(self.range_sum_squares(U)).astype(U.dtype)
+
+    def domain_norm(self, V):
+        return jnp.sqrt(self.domain_sum_squares(V)).astype(V.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,6 +259,16 @@ class Transposed(Spec):
     def rmv_axpby_cols(self, leaves, U, V, beta, cp):
         return self.inner.mv_axpby_cols(leaves, U, V, beta, cp)
 
+    @property
+    def axis_name(self):
+        return self.inner.axis_name
+
+    def range_sum_squares(self, U):
+        return self.inner.domain_sum_squares(U)
+
+    def domain_sum_squares(self, V):
+        return self.inner.range_sum_squares(V)
+
 
 @dataclasses.dataclass(frozen=True)
 class Augmented(Spec):
@@ -260,6 +290,66 @@ class Augmented(Spec):
     def rmv(self, leaves, U, cp):
         m = self.inner.m
         return self.inner.rmv(leaves, U[:, :m], cp) + cp.aux[:, None] * U[:, m:]
+
+    @property
+    def axis_name(self):
+        return self.inner.axis_name
+
+    def range_sum_squares(self, U):
+        if self.inner.axis_name is None:
+            return sum_squares(U)  # one reduction over A's rows and the damping rows
+        # A's rows are this shard's block (summed over the shards); the damping rows are whole on every shard.
+        m = self.inner.m
+        return self.inner.range_sum_squares(U[:, :m]) + sum_squares(U[:, m:])
+
+    def domain_sum_squares(self, V):
+        return self.inner.domain_sum_squares(V)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowSharded(Spec):
+    """This shard's row block of A inside ``jax.shard_map``, the rows of A split over ``axis_name``: A v is local
+    (v, the n-space vectors, are whole on every shard; u, the m-space ones, are this shard's rows), A^T u is the
+    local product summed over the shards (one ``psum``), and the m-space norms are psums of local sums of squares.
+    ``m`` is the local row count."""
+
+    inner: Spec
+    axis_name: Any  # a mesh axis name or a tuple of them
+
+    @property
+    def m(self):
+        return self.inner.m
+
+    @property
+    def n(self):
+        return self.inner.n
+
+    def _local(self, out, leaves, X):
+        # a product typed varying like A's block and its operand (FFI results come back typed invariant; a psum of
+        # an invariant value would multiply it by the axis size instead of summing the shards' blocks)
+        return vary_like((out,), (*leaves, X))[0]
+
+    def mv(self, leaves, V, cp):
+        return self._local(self.inner.mv(leaves, V, cp), leaves, V)
+
+    def rmv(self, leaves, U, cp):
+        return jax.lax.psum(self._local(self.inner.rmv(leaves, U, cp), leaves, U), self.axis_name)
+
+    def mv_axpby(self, leaves, V, U, beta, cp):
+        return self._local(self.inner.mv_axpby(leaves, V, U, beta, cp), leaves, U)
+
+    def rmv_axpby(self, leaves, U, V, beta, cp):
+        # beta * V is added once, after the sum: V is whole on every shard
+        return self.rmv(leaves, U, cp) + beta[:, None] * V
+
+    def mv_axpby_cols(self, leaves, V, U, beta, cp):
+        return self._local(self.inner.mv_axpby_cols(leaves, V, U, beta, cp), leaves, U)
+
+    def range_sum_squares(self, U):
+        return jax.lax.psum(self.inner.range_sum_squares(U), self.axis_name)
+
+    def domain_sum_squares(self, V):
+        return self.inner.domain_sum_squares(V)
 
 
 def as_operator(A, dtype, implementation):
