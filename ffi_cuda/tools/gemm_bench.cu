@@ -3,7 +3,7 @@
 // through the handler's own body (gemm/dispatch.h RunGemm: MakeProblem, FoldBatch, ChoosePlan, launch) on XLA FFI
 // buffer views of device memory, against an fp64 host reference.
 // Built by ffi_cuda/tools/CMakeLists.txt (-DJAX_OPS_TOOLS=ON) into <build>/bin/gemm_bench.
-// Usage: gemm_bench [small|time|all]
+// Usage: gemm_bench [small|time|sm90|all]
 //   small: every plan on small odd shapes (M 1/17/64/129, N 17/256/1000, K 0/1/17/64/1000), gated and not,
 //          transposes, batch broadcast, bias/c/residual/scales/preact, every dtype the plan takes; the skinny kernel
 //          also with every cluster split (deterministic: two runs bit-equal), unaligned operands and batch folding.
@@ -13,6 +13,7 @@
 //          through more than 4x the L2) in us and TB/s of weight reads next to the copy bandwidth, every skinny split;
 //          the SIMT kernel on f32/f64/bf16 cubes; the sm90 plan on large plain and bias+GELU shapes where it runs.
 //          Every timed configuration is also checked on sampled elements against fp64.
+//   sm90 [i]: the sm90 part of time alone (only its i-th shape when given).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -913,7 +914,7 @@ void TimeSkinny(double copy_tbps) {
   }
 }
 
-void TimeTiled(Plan plan) {
+void TimeTiled(Plan plan, int only = -1) {  // only: run just the shape of this index
   struct Shape {
     DT dt;
     int64_t m, n, k;
@@ -924,14 +925,15 @@ void TimeTiled(Plan plan) {
                                    {DT::F64, 2048, 2048, 2048, false},
                                    {DT::BF16, 4096, 4096, 4096, false},
                                    {DT::F32, 129, 1000, 4096, false}};
-  const std::vector<Shape> sm90 = {{DT::BF16, 8192, 8192, 8192, false},
-                                   {DT::BF16, 4096, 11008, 4096, false},
-                                   {DT::BF16, 4096, 11008, 4096, true},
-                                   {DT::BF16, 16384, 4096, 4096, false},
+  const std::vector<Shape> sm90 = {{DT::BF16, 8192, 8192, 64, false},  // one K block per tile: the per-tile cost
+                                   {DT::BF16, 8192, 8192, 8192, false},    {DT::BF16, 4096, 11008, 4096, false},
+                                   {DT::BF16, 4096, 11008, 4096, true},    {DT::BF16, 16384, 4096, 4096, false},
                                    {DT::F8E4M3FN, 8192, 8192, 8192, false}};
   const std::vector<Shape>& shapes = plan == Plan::kSimt ? simt : sm90;
   std::printf("%s:\n", PlanName(plan));
-  for (const Shape& s : shapes) {
+  for (size_t index = 0; index < shapes.size(); ++index) {
+    if (only >= 0 && static_cast<size_t>(only) != index) continue;
+    const Shape& s = shapes[index];
     Case c;
     c.plan = plan;
     c.a = c.b = s.dt;
@@ -976,8 +978,9 @@ int main(int argc, char** argv) {
     TimeTiled(Plan::kSm90);
     ok &= g_time_ok;
   }
-  if (!all && std::strcmp(mode, "small") && std::strcmp(mode, "time")) {
-    std::printf("usage: gemm_bench [small|time|all]\n");
+  if (!std::strcmp(mode, "sm90")) TimeTiled(Plan::kSm90, argc > 2 ? std::atoi(argv[2]) : -1);
+  if (!all && std::strcmp(mode, "small") && std::strcmp(mode, "time") && std::strcmp(mode, "sm90")) {
+    std::printf("usage: gemm_bench [small|time|sm90|all]\n");
     return 2;
   }
   std::printf("%s\n", ok ? "ALL OK" : "FAILURES");
