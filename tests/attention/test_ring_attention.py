@@ -74,6 +74,7 @@ CASES = [
         kw=(("is_causal", True), ("local_window_size", (9, None))),
     ),
     Case("cross_lengths", (("seq",), (4,)), 2, 16, 40, 4, 2, kv_lengths=(40, 7)),
+    Case("zigzag_cross_lengths", (("seq",), (4,)), 2, 16, 40, 4, 2, layout="zigzag", kv_lengths=(40, 7)),
     Case(
         "batch_x_seq",
         (("data", "seq"), (2, 4)),
@@ -124,8 +125,8 @@ def _ring_fn(case: Case, impl: str, **extra):
 
     def f(q, k, v, lengths):
         if case.layout == "zigzag":
-            order = attention.zigzag_order(case.T, shards)
-            q, k, v = q[:, order], k[:, order], v[:, order]
+            q_order, kv_order = attention.zigzag_order(case.T, shards), attention.zigzag_order(case.S, shards)
+            q, k, v = q[:, q_order], k[:, kv_order], v[:, kv_order]
         out = attention.ring_attention(
             q, k, v, mesh=mesh, seq_axis="seq", batch_axis=case.batch_axis, head_axis=case.head_axis,
             layout=case.layout, **lengths, **kw,

@@ -171,9 +171,9 @@ class _Pair:
         ring, T, S, me = self.ring, self.T, self.S, self.me
         has_q, has_kv = self.qsl is not None, self.kvsl is not None
         if ring.layout == "zigzag":
-            h = T // 2
+            h = T // 2  # rows per zigzag half; keys have their own half (cross attention: S != T)
             ql = _zigzag_len(self.qsl, me, ring.shards, h) if has_q else None
-            kl = _zigzag_len(self.kvsl, j, ring.shards, h) if has_kv else None
+            kl = _zigzag_len(self.kvsl, j, ring.shards, S // 2) if has_kv else None
             q_late = _local_len(self.qsl, (2 * ring.shards - 1 - me) * h, h) if has_q else None
             kv_early = _local_len(self.kvsl, j * h, h) if has_kv else None
             if ring.cfg.is_causal:
