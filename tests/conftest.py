@@ -1,4 +1,4 @@
-"""Test set-up: 8 fake CPU devices (for shard_map tests) and the `gpu` marker's skip rule.
+"""Test set-up: 8 fake CPU devices (for shard_map tests) and the `gpu` and `gpu_multi` markers' skip rules.
 
 XLA_FLAGS must be set before jax is imported anywhere.
 """
@@ -13,23 +13,25 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 
-def _has_cuda() -> bool:
+def _cuda_count() -> int:
     try:
-        return len(jax.devices("cuda")) > 0
+        return len(jax.devices("cuda"))
     except RuntimeError:
-        return False
+        return 0
 
 
-HAS_CUDA = _has_cuda()
+CUDA_COUNT = _cuda_count()
+HAS_CUDA = CUDA_COUNT > 0
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAS_CUDA:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device (run `pytest -m gpu` on the GPU machine)")
+    no_gpu = pytest.mark.skip(reason="needs a CUDA device (run `pytest -m gpu` on the GPU machine)")
+    few_gpus = pytest.mark.skip(reason=f"needs 2 or more CUDA devices; this machine has {CUDA_COUNT}")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(no_gpu)
+        elif "gpu_multi" in item.keywords and CUDA_COUNT < 2:
+            item.add_marker(few_gpus)
 
 
 @pytest.fixture
