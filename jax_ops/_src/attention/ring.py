@@ -210,9 +210,9 @@ def _switch(index, cases):
     return cases[0]() if index is None else jax.lax.switch(index, cases)
 
 
-def _shift(x, ring: _Ring):
-    """Each shard's block to the next shard of the ring (shard i receives shard i-1's)."""
-    perm = [(s, (s + 1) % ring.shards) for s in range(ring.shards)]
+def _shift(x, ring: _Ring, direction: int = 1):
+    """Each shard's block to the next shard of the ring (direction 1: shard i receives shard i-1's; -1: i+1's)."""
+    perm = [(s, (s + direction) % ring.shards) for s in range(ring.shards)]
     return jax.lax.ppermute(x, ring.axis, perm)
 
 
@@ -245,7 +245,9 @@ def _ring_forward(ring: _Ring, q, k, v, qsl, kvsl):
 
 def _ring_backward(ring: _Ring, q, k, v, qsl, kvsl, o, lse, do):
     """(dq, dk, dv): dq accumulates on the shard; each K/V block's dk/dv accumulate as it travels and arrive home
-    after the last step."""
+    after the last step. The blocks travel the other way round the ring from the forward's: the same ppermutes of
+    the same k, v would be merged by XLA with the forward's, which then holds every received block from the forward
+    until the backward (memory linear in the whole sequence)."""
     T = q.shape[1]
     acc = _acc_dtype(q)
     pair = _Pair(ring, q, k, qsl, kvsl)
@@ -253,8 +255,8 @@ def _ring_backward(ring: _Ring, q, k, v, qsl, kvsl, o, lse, do):
     dkv = vary_like((jnp.zeros(k.shape, acc), jnp.zeros(v.shape, acc)), (k,))
     kv = (k, v)
     for step in range(ring.shards):
-        nxt = _shift(kv, ring) if step + 1 < ring.shards else None
-        j = (pair.me - step) % ring.shards
+        nxt = _shift(kv, ring, -1) if step + 1 < ring.shards else None
+        j = (pair.me + step) % ring.shards
 
         def body(cfg, rows, cols, ql, kl, kv=kv):
             if cfg is None:
@@ -271,7 +273,7 @@ def _ring_backward(ring: _Ring, q, k, v, qsl, kvsl, o, lse, do):
 
         dq_r, dk_r, dv_r = _switch(*pair.branches(j, body))
         dq = dq + dq_r.astype(acc)
-        dkv = _shift((dkv[0] + dk_r.astype(acc), dkv[1] + dv_r.astype(acc)), ring)
+        dkv = _shift((dkv[0] + dk_r.astype(acc), dkv[1] + dv_r.astype(acc)), ring, -1)
         kv = nxt
     return dq.astype(q.dtype), dkv[0].astype(k.dtype), dkv[1].astype(v.dtype)
 
