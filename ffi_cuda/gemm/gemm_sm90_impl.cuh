@@ -154,90 +154,172 @@ __device__ __forceinline__ void Sm90Store8(OutT* p, bool vec, int count, const f
   }
 }
 
-// The epilogue of one staged chunk (64 rows x kChunkCols columns of one consumer warpgroup, fp32 in shared memory)
-// to global memory: each thread takes runs of 8 consecutive columns, so loads and stores are 16-byte vectors along
-// the row. row0 / col0: the chunk's first output row and column.
-template <typename OutT, bool kGated>
-__device__ __forceinline__ void Sm90StoreChunk(const KernelArgs& args, const float* staged, int64_t batch, int64_t row0,
-                                               int64_t col0, int tid) {
+// The epilogue of one staged chunk (64 rows x kChunkCols columns of one consumer warpgroup, fp32 in shared memory
+// at byte `staged_offset` of the dynamic shared memory) to global memory: each thread takes runs of 8 consecutive
+// columns, so loads and stores are 16-byte vectors along the row. row0 / col0: the chunk's first output row and
+// column. The kernel arguments are read once into locals (behind the reference the compiler would reload them
+// after every store) and the activation is a template parameter (no switch per element).
+template <typename OutT, bool kGated, Activation kAct>
+__device__ __forceinline__ void Sm90StoreChunk(const KernelArgs& args, uint32_t staged_offset, int64_t batch,
+                                               int64_t row0, int64_t col0, int tid) {
   using Tr = Sm90Traits<kGated>;
   constexpr int kThreadsPerRow = Tr::kChunkCols / 8, kRowsPerPass = 128 / kThreadsPerRow;
+  extern __shared__ unsigned char smem_raw[];
+  const float* staged = reinterpret_cast<const float*>(smem_raw + staged_offset);
+  const int64_t m = args.m, n = args.n;
   const float alpha = static_cast<float>(args.alpha), beta = static_cast<float>(args.beta);
+  const float* __restrict__ bias_p = args.bias;
+  const float* __restrict__ b_scale_p = args.b_scale;
+  const float* __restrict__ a_scale_p = args.a_scale;
+  const bool b_scale_one = args.b_scale_len == 1, a_scale_one = args.a_scale_len == 1;
+  const OutT* __restrict__ c_p = static_cast<const OutT*>(args.c);
+  const OutT* __restrict__ residual_p = static_cast<const OutT*>(args.residual);
+  OutT* __restrict__ out_p = static_cast<OutT*>(args.out);
+  OutT* __restrict__ preact_p = static_cast<OutT*>(args.preact);
   const int run = tid % kThreadsPerRow;
   const int64_t col = col0 + run * 8;
-  if (col >= args.n) return;
-  const int count = args.n - col < 8 ? static_cast<int>(args.n - col) : 8;
-  const bool vec = count == 8 && args.n % 8 == 0;  // 8-element runs start 16-byte (32-byte for f32) aligned
+  if (col >= n) return;
+  const int count = n - col < 8 ? static_cast<int>(n - col) : 8;
+  const bool vec = count == 8 && n % 8 == 0;  // 8-element runs start 16-byte (32-byte for f32) aligned
   float bias[8], b_scale[8], bias_up[8], up_scale[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const int64_t c = i < count ? col + i : col;
-    bias[i] = args.bias ? args.bias[c] : 0.f;
-    b_scale[i] = args.b_scale ? args.b_scale[args.b_scale_len == 1 ? 0 : c] : 1.f;
+    const int64_t cc = i < count ? col + i : col;
+    bias[i] = bias_p ? bias_p[cc] : 0.f;
+    b_scale[i] = b_scale_p ? b_scale_p[b_scale_one ? 0 : cc] : 1.f;
     if constexpr (kGated) {
-      bias_up[i] = args.bias ? args.bias[args.n + c] : 0.f;
-      up_scale[i] = args.b_scale ? args.b_scale[args.b_scale_len == 1 ? 0 : args.n + c] : 1.f;
+      bias_up[i] = bias_p ? bias_p[n + cc] : 0.f;
+      up_scale[i] = b_scale_p ? b_scale_p[b_scale_one ? 0 : n + cc] : 1.f;
     }
   }
 #pragma unroll 1
   for (int r = tid / kThreadsPerRow; r < 64; r += kRowsPerPass) {
     const int64_t row = row0 + r;
-    if (row >= args.m) break;
-    const float a_scale = args.a_scale ? args.a_scale[args.a_scale_len == 1 ? 0 : row] : 1.f;
-    const int64_t off = (batch * args.m + row) * args.n + col;
+    if (row >= m) break;
+    const float a_scale = a_scale_p ? a_scale_p[a_scale_one ? 0 : row] : 1.f;
+    const int64_t off = (batch * m + row) * n + col;
     float cv[8], rv[8], z[8], zu[8], y[8];
     const float* staged_run = staged + r * Tr::kStageStride + run * 8;
     float acc[8], acc_up[8];
     Sm90Load8(staged_run, true, 8, acc);
     if constexpr (kGated) Sm90Load8(staged_run + Tr::kChunkCols, true, 8, acc_up);
-    if (args.c) {
-      Sm90Load8(static_cast<const OutT*>(args.c) + off, vec, count, cv);
-    }
-    if (args.residual) {
-      Sm90Load8(static_cast<const OutT*>(args.residual) + off, vec, count, rv);
-    }
+    if (c_p) Sm90Load8(c_p + off, vec, count, cv);
+    if (residual_p) Sm90Load8(residual_p + off, vec, count, rv);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       EpilogueScalars<float> s;
       s.scale = a_scale * b_scale[i];
       s.bias = bias[i];
-      s.c = args.c ? cv[i] : 0.f;
-      s.residual = args.residual ? rv[i] : 0.f;
+      s.c = c_p ? cv[i] : 0.f;
+      s.residual = residual_p ? rv[i] : 0.f;
       z[i] = PreActivation(acc[i], alpha, beta, s);
       if constexpr (kGated) {
         EpilogueScalars<float> su;
         su.scale = a_scale * up_scale[i];
         su.bias = bias_up[i];
         zu[i] = PreActivation(acc_up[i], alpha, 0.f, su);
-        y[i] = GatedOutput(args.activation, z[i], zu[i], s.residual);
+        y[i] = GatedOutput(kAct, z[i], zu[i], s.residual);
       } else {
-        y[i] = Output(args.activation, z[i], s.residual);
+        y[i] = Output(kAct, z[i], s.residual);
       }
     }
-    Sm90Store8(static_cast<OutT*>(args.out) + off, vec, count, y);
-    if (args.preact) {
-      OutT* pre = static_cast<OutT*>(args.preact) + (batch * args.m + row) * (kGated ? 2 : 1) * args.n + col;
+    Sm90Store8(out_p + off, vec, count, y);
+    if (preact_p) {
+      OutT* pre = preact_p + (batch * m + row) * (kGated ? 2 : 1) * n + col;
       Sm90Store8(pre, vec, count, z);
-      if constexpr (kGated) Sm90Store8(pre + args.n, vec, count, zu);
+      if constexpr (kGated) Sm90Store8(pre + n, vec, count, zu);
     }
   }
 }
 
-// Out of line (one copy per kernel, not one per chunk) so the kernel's code stays small enough for the
-// instruction cache.
-template <bool kGated>
-__device__ __noinline__ void Sm90EpilogueChunk(const KernelArgs& args, const float* staged, int64_t batch, int64_t row0,
-                                               int64_t col0, int tid) {
+// The thread's accumulators of one chunk to the staging buffer: row pair r, r + 8, column pairs 8 o + 2 (lane % 4)
+// of each octet o (gated: the up projection's kChunkCols columns after the gate's). The chunk is a runtime index,
+// each case reads fixed registers.
+template <bool kGated, typename Acc, int kRegs>
+__device__ __forceinline__ void Sm90StageChunk(int chunk, const Acc (&acc)[kRegs],
+                                               const Acc (&acc_up)[kGated ? kRegs : 1], float* staged, int r_local,
+                                               int lane) {
+  using Tr = Sm90Traits<kGated>;
+  constexpr int kOctets = Tr::kChunkCols / 8;  // accumulator column octets per chunk (per projection)
+#pragma unroll
+  for (int at = 0; at < Tr::kBlockN / Tr::kChunkCols; ++at) {
+    if (at != chunk) continue;
+#pragma unroll
+    for (int o = 0; o < kOctets; ++o) {
+      const int j = at * kOctets + o, c = o * 8 + (lane % 4) * 2;
+      *reinterpret_cast<float2*>(staged + r_local * Tr::kStageStride + c) =
+          make_float2(static_cast<float>(acc[j * 4]), static_cast<float>(acc[j * 4 + 1]));
+      *reinterpret_cast<float2*>(staged + (r_local + 8) * Tr::kStageStride + c) =
+          make_float2(static_cast<float>(acc[j * 4 + 2]), static_cast<float>(acc[j * 4 + 3]));
+      if constexpr (kGated) {
+        *reinterpret_cast<float2*>(staged + r_local * Tr::kStageStride + Tr::kChunkCols + c) =
+            make_float2(static_cast<float>(acc_up[j * 4]), static_cast<float>(acc_up[j * 4 + 1]));
+        *reinterpret_cast<float2*>(staged + (r_local + 8) * Tr::kStageStride + Tr::kChunkCols + c) =
+            make_float2(static_cast<float>(acc_up[j * 4 + 2]), static_cast<float>(acc_up[j * 4 + 3]));
+      }
+    }
+  }
+}
+
+// The epilogue of one consumer warpgroup's 64-row tile: chunk by chunk (a rolled loop, so one copy of the store
+// code), staged then stored along rows by Sm90StoreChunk.
+template <typename OutT, bool kGated, Activation kAct, typename Acc, int kRegs>
+__device__ __forceinline__ void Sm90EpilogueTile(const KernelArgs& args, const Acc (&acc)[kRegs],
+                                                 const Acc (&acc_up)[kGated ? kRegs : 1], float* staged,
+                                                 uint32_t staged_offset, int64_t batch, int64_t row_base,
+                                                 int64_t col_tile, int cw, int r_local, int lane, int tid) {
+  using Tr = Sm90Traits<kGated>;
+#pragma unroll 1
+  for (int chunk = 0; chunk < Tr::kBlockN / Tr::kChunkCols; ++chunk) {
+    const int64_t col_base = col_tile + chunk * Tr::kChunkCols;
+    if (col_base >= args.n) break;  // uniform: the rest of the tile is past N
+    NamedBarrier(1 + cw, 128);      // the previous chunk's readers are done with the buffer
+    Sm90StageChunk<kGated>(chunk, acc, acc_up, staged, r_local, lane);
+    NamedBarrier(1 + cw, 128);
+    Sm90StoreChunk<OutT, kGated, kAct>(args, staged_offset, batch, row_base, col_base, tid);
+  }
+}
+
+// The tile epilogue for the call's activation and out dtype (one branch per tile; only the taken variant's code
+// runs, so the instruction cache holds one).
+template <typename OutT, bool kGated, typename Acc, int kRegs>
+__device__ __forceinline__ void Sm90EpilogueOfAct(const KernelArgs& args, const Acc (&acc)[kRegs],
+                                                  const Acc (&acc_up)[kGated ? kRegs : 1], float* staged,
+                                                  uint32_t staged_offset, int64_t batch, int64_t row_base,
+                                                  int64_t col_tile, int cw, int r_local, int lane, int tid) {
+#define JAX_OPS_SM90_EPILOGUE(act)                                                                             \
+  Sm90EpilogueTile<OutT, kGated, act>(args, acc, acc_up, staged, staged_offset, batch, row_base, col_tile, cw, \
+                                      r_local, lane, tid)
+  switch (args.activation) {
+    case Activation::kRelu:
+      return JAX_OPS_SM90_EPILOGUE(Activation::kRelu);
+    case Activation::kGeluTanh:
+      return JAX_OPS_SM90_EPILOGUE(Activation::kGeluTanh);
+    case Activation::kGelu:
+      return JAX_OPS_SM90_EPILOGUE(Activation::kGelu);
+    case Activation::kSilu:
+      return JAX_OPS_SM90_EPILOGUE(Activation::kSilu);
+    default:
+      return JAX_OPS_SM90_EPILOGUE(Activation::kIdentity);
+  }
+#undef JAX_OPS_SM90_EPILOGUE
+}
+
+template <bool kGated, typename Acc, int kRegs>
+__device__ __forceinline__ void Sm90Epilogue(const KernelArgs& args, const Acc (&acc)[kRegs],
+                                             const Acc (&acc_up)[kGated ? kRegs : 1], float* staged,
+                                             uint32_t staged_offset, int64_t batch, int64_t row_base, int64_t col_tile,
+                                             int cw, int r_local, int lane, int tid) {
   switch (args.out_dtype) {
     case ffi::DataType::F16:
-      Sm90StoreChunk<__half, kGated>(args, staged, batch, row0, col0, tid);
-      break;
+      return Sm90EpilogueOfAct<__half, kGated>(args, acc, acc_up, staged, staged_offset, batch, row_base, col_tile, cw,
+                                               r_local, lane, tid);
     case ffi::DataType::BF16:
-      Sm90StoreChunk<__nv_bfloat16, kGated>(args, staged, batch, row0, col0, tid);
-      break;
+      return Sm90EpilogueOfAct<__nv_bfloat16, kGated>(args, acc, acc_up, staged, staged_offset, batch, row_base,
+                                                      col_tile, cw, r_local, lane, tid);
     default:
-      Sm90StoreChunk<float, kGated>(args, staged, batch, row0, col0, tid);
-      break;
+      return Sm90EpilogueOfAct<float, kGated>(args, acc, acc_up, staged, staged_offset, batch, row_base, col_tile, cw,
+                                              r_local, lane, tid);
   }
 }
 
@@ -251,8 +333,9 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int kStages = Tr::kStages, kBlockK = Tr::kKBytes / static_cast<int>(sizeof(TA));
   constexpr int kRegs = Tr::kBlockN / 2;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem =
-      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  // Offset from smem_raw (not a rounded integer address) so the compiler keeps these pointers in shared space.
+  const uint32_t align_pad = (1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u;
+  unsigned char* smem = smem_raw + align_pad;
   unsigned char* sA = smem;
   unsigned char* sB = smem + kStages * Tr::kAStageBytes;
   float* sEpilogue = reinterpret_cast<float*>(sB + kStages * Tr::kBStageBytes);
@@ -352,34 +435,11 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (kGated) FenceRegs(acc_up);
     __syncwarp();
     if (lane == 0) MbarArrive(empty + (it - 1) % kStages);
-    // Epilogue: the accumulators go to shared memory kChunkCols columns at a time (the thread's row pair r, r + 8,
-    // column pairs 8 j + 2 (lane % 4)), then Sm90EpilogueChunk stores the chunk along rows.
+    // Epilogue: the accumulators go to shared memory kChunkCols columns at a time, then along rows to global memory.
     float* staged = sEpilogue + cw * 64 * Tr::kStageStride;
-    const int r_local = warp * 16 + lane / 4;
-    const int64_t row_base = m_tile * Tr::kBlockM + cw * 64;
-    constexpr int kOctets = Tr::kChunkCols / 8;  // accumulator column octets per chunk (per projection)
-#pragma unroll
-    for (int chunk = 0; chunk < Tr::kBlockN / Tr::kChunkCols; ++chunk) {
-      const int64_t col_base = n_tile * Tr::kBlockN + chunk * Tr::kChunkCols;
-      if (col_base >= args.n) break;  // uniform: the rest of the tile is past N
-      NamedBarrier(1 + cw, 128);      // the previous chunk's readers are done with the buffer
-#pragma unroll
-      for (int o = 0; o < kOctets; ++o) {
-        const int j = chunk * kOctets + o, c = o * 8 + (lane % 4) * 2;
-        *reinterpret_cast<float2*>(staged + r_local * Tr::kStageStride + c) =
-            make_float2(static_cast<float>(acc[j * 4]), static_cast<float>(acc[j * 4 + 1]));
-        *reinterpret_cast<float2*>(staged + (r_local + 8) * Tr::kStageStride + c) =
-            make_float2(static_cast<float>(acc[j * 4 + 2]), static_cast<float>(acc[j * 4 + 3]));
-        if constexpr (kGated) {
-          *reinterpret_cast<float2*>(staged + r_local * Tr::kStageStride + Tr::kChunkCols + c) =
-              make_float2(static_cast<float>(acc_up[j * 4]), static_cast<float>(acc_up[j * 4 + 1]));
-          *reinterpret_cast<float2*>(staged + (r_local + 8) * Tr::kStageStride + Tr::kChunkCols + c) =
-              make_float2(static_cast<float>(acc_up[j * 4 + 2]), static_cast<float>(acc_up[j * 4 + 3]));
-        }
-      }
-      NamedBarrier(1 + cw, 128);
-      Sm90EpilogueChunk<kGated>(args, staged, batch, row_base, col_base, tid);
-    }
+    Sm90Epilogue<kGated>(args, acc, acc_up, staged,
+                         static_cast<uint32_t>(reinterpret_cast<unsigned char*>(staged) - smem_raw), batch,
+                         m_tile * Tr::kBlockM + cw * 64, n_tile * Tr::kBlockN, cw, warp * 16 + lane / 4, lane, tid);
   }
 #endif
 }
