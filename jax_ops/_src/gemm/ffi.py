@@ -40,6 +40,11 @@ def gemm_ffi(cfg: Config, a, b, b_up, bias, c, residual, a_scale, b_scale):
     Shared weights (Bb = 1, a not transposed) fold the batch into M here, per shard: one GEMM of B*M rows."""
     B, M, N, _ = dims(cfg, a, b)
     gated = cfg.gated != "none"
+    if cfg.transpose_a and jnp.dtype(a.dtype).itemsize <= 2:
+        # The Hopper kernel reads A K-major only (a transposed A would run the SIMT kernel, ~10x slower): one
+        # transposed copy per call. The backward's weight gradient op(a)^T @ dz is the call that takes this.
+        a = jnp.swapaxes(a, 1, 2)
+        cfg = dataclasses.replace(cfg, transpose_a=False)
     if b.shape[0] == 1 and not cfg.transpose_a:
         batch, rows = 1, B * M
         a = a.reshape(1, rows, a.shape[2])
