@@ -258,6 +258,8 @@ def test_zigzag_order():
         (dict(layout="zigzag"), (36, 36), "even number of rows"),
         (dict(layout="diagonal"), (32, 32), "layout must be one of"),
         (dict(implementation="cuda"), (32, 32), "implementation"),
+        (dict(bias=jnp.zeros((1, 2, 32, 32))), (32, 32), "takes no bias"),
+        (dict(mask=jnp.ones((1, 1, 32, 32), bool)), (32, 32), "takes no mask"),
     ],
 )
 def test_errors(kw, shapes, match):
@@ -265,3 +267,21 @@ def test_errors(kw, shapes, match):
     q, k, v = qkv(1, shapes[0], shapes[1], 2, 2, 8)
     with pytest.raises(ValueError, match=match):
         attention.ring_attention(q, k, v, mesh=mesh, seq_axis="seq", **kw)
+
+
+def test_backward_fallback_warns(monkeypatch, x64):
+    """A block backward the kernel cannot run (as a GPU head dim without a backward kernel) runs the blocked jnp
+    backward with a one-time warning naming the reason, and the gradients stay right."""
+    from jax_ops import _checks
+    from jax_ops._src.attention import heuristics
+
+    reason = "the CUDA attention backward supports head dims (64, 128), not 16"
+    monkeypatch.setattr(heuristics, "bwd_unsupported_reason", lambda *a: reason)
+    monkeypatch.setattr(_checks, "_warned", set())
+    case = CASES[0]
+    q, k, v, lengths = _inputs(case)
+    ring = _ring_fn(case, "ffi")
+    with pytest.warns(UserWarning, match="ring_attention: the CUDA attention backward supports head dims"):
+        dq = jax.jit(jax.grad(lambda q: _loss(ring(q, k, v, lengths))))(q)
+    dq_ref = jax.grad(lambda q: _loss(_reference(case, q, k, v, lengths)))(q)
+    assert rel_err(dq, dq_ref) < 5e-6

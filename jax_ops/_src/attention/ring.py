@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from jax_ops import _checks
 from jax_ops._src import dispatch
 from jax_ops._src.attention import heuristics
 from jax_ops._src.attention.batching import bwd_op
@@ -142,9 +143,15 @@ def _kernel_fwd(ring: _Ring, cfg: Config, q, k, v, qsl, kvsl):
 
 def _kernel_bwd(ring: _Ring, cfg: Config, q, k, v, qsl, kvsl, o, lse, do):
     """(dq, dk, dv) of one block pair given the whole row's o and lse (the backward kernel's contract)."""
-    if ring.path == "ffi" and heuristics.bwd_unsupported_reason(cfg, q.shape, k.shape[1]) is None:
-        dq, dk, dv, _ = bwd_op(cfg)(q, k, v, *fill(cfg, None, None, qsl, kvsl), o, lse, do)
-        return vary_like((dq, dk, dv), (q, k, v, qsl, kvsl, o, lse, do))
+    if ring.path == "ffi":
+        reason = heuristics.bwd_unsupported_reason(cfg, q.shape, k.shape[1])
+        if reason is None:
+            dq, dk, dv, _ = bwd_op(cfg)(q, k, v, *fill(cfg, None, None, qsl, kvsl), o, lse, do)
+            return vary_like((dq, dk, dv), (q, k, v, qsl, kvsl, o, lse, do))
+        _checks.warn_once(
+            f"ring_attention:bwd:{reason}",
+            f"jax_ops.ring_attention: {reason}; each block pair's backward runs the blocked jnp backward",
+        )
     return blocked_backward(cfg, q, k, v, qsl, kvsl, o, lse, do)
 
 
@@ -311,6 +318,8 @@ def ring_attention_shard(
     local_window_size=None,
     implementation: str | None = None,
     return_residual: bool = False,
+    bias=None,
+    mask=None,
 ):
     """Ring attention on the local blocks inside a ``jax.shard_map`` whose ``axis_name`` shards the sequence.
 
@@ -318,9 +327,15 @@ def ring_attention_shard(
     ``layout`` ("contiguous" or "zigzag", module docstring) places; seq lengths are the global ``[B]`` lengths,
     replicated over ``axis_name``. Same semantics as :func:`dot_product_attention` on the whole sequence (top-left
     causal, empty rows 0, fp32 merge); ``is_causal`` and ``local_window_size`` need ``Tl == Sl`` (self-attention)
-    and windows the contiguous layout. No bias or mask. Returns the shard's output rows (and the log-sum-exp
+    and windows the contiguous layout. No bias or mask (``ValueError``). Returns the shard's output rows (and the log-sum-exp
     ``[B, Tl, N]`` when ``return_residual``); differentiable in query, key and value (the backward is a ring).
     """
+    for name, given in (("bias", bias), ("mask", mask)):
+        if given is not None:
+            raise ValueError(
+                f"ring attention takes no {name}: pass padding as query_seq_lengths / key_value_seq_lengths and "
+                "causality as is_causal, or run dot_product_attention on the gathered sequence"
+            )
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     cfg, (q, k, v, _, _, qsl, kvsl) = normalize(
@@ -368,7 +383,7 @@ def ring_attention(
     ``mesh`` (batch over ``batch_axis`` and kv heads over ``head_axis`` too, as :func:`shard_map_attention`).
     The sequence axis is in ``layout``'s order (for "zigzag", permute it with :func:`zigzag_order` first; the
     output comes back in the same order). ``kwargs``: scale, is_causal, local_window_size, implementation,
-    return_residual (see :func:`ring_attention_shard`)."""
+    return_residual (see :func:`ring_attention_shard`); a bias or mask is a ``ValueError``."""
     qspec = P(batch_axis, seq_axis, head_axis, None)
     lspec = P(batch_axis)
     lengths = (query_seq_lengths, key_value_seq_lengths)
