@@ -20,6 +20,8 @@ inline cudaError_t LaunchPlan(Plan plan, const KernelArgs& args, int num_sms, cu
       return LaunchSm90(args, num_sms, stream);
     case Plan::kSkinny:
       return LaunchSkinny(args, num_sms, stream);
+    case Plan::kCublasLt:
+      return cudaErrorNotSupported;  // not a kernel of ours: Dispatch calls RunCublasLt
     default:
       return LaunchSimt(args, stream);
   }
@@ -31,6 +33,10 @@ inline ffi::Error Dispatch(KernelArgs args, Plan requested, int sm_major, int nu
   FoldBatch(&args);
   Plan chosen = Plan::kSimt;
   JAX_OPS_RETURN_IF_ERROR(ChoosePlan(args, requested, sm_major, &chosen));
+  if (chosen == Plan::kCublasLt) {
+    if (ran) *ran = chosen;
+    return RunCublasLt(args, stream);
+  }
   cudaError_t err = LaunchPlan(chosen, args, num_sms, stream);
   if (err == cudaErrorNotSupported && requested == Plan::kAuto && chosen != Plan::kSimt) {
     chosen = Plan::kSimt;
@@ -47,13 +53,16 @@ inline ffi::Error RunGemm(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, cons
                           const ffi::AnyBuffer& a_scale, const ffi::AnyBuffer& b_scale, double alpha, double beta,
                           int64_t activation, int64_t gated, bool transpose_a, bool transpose_b, bool write_preact,
                           bool tf32, int64_t plan, const ffi::AnyBuffer& out, const ffi::AnyBuffer& preact,
-                          int sm_major, int num_sms, cudaStream_t stream) {
+                          const ffi::AnyBuffer& workspace, int sm_major, int num_sms, cudaStream_t stream) {
   Problem p;
   JAX_OPS_RETURN_IF_ERROR(MakeProblem(a, b, b_up, bias, c, residual, a_scale, b_scale, alpha, beta, activation, gated,
                                       transpose_a, transpose_b, write_preact, tf32, plan, out, preact, &p));
+  JAX_OPS_RETURN_IF_ERROR(CheckWorkspace(workspace));
   if (p.batch == 0 || p.m == 0 || p.n == 0) return ffi::Error::Success();  // nothing to write
-  return Dispatch(MakeKernelArgs(p, a, b, b_up, bias, c, residual, a_scale, b_scale, out, preact), p.plan, sm_major,
-                  num_sms, stream);
+  KernelArgs args = MakeKernelArgs(p, a, b, b_up, bias, c, residual, a_scale, b_scale, out, preact);
+  args.workspace = workspace.untyped_data();
+  args.workspace_bytes = workspace.size_bytes();
+  return Dispatch(args, p.plan, sm_major, num_sms, stream);
 }
 
 }  // namespace jax_ops::gemm

@@ -306,6 +306,7 @@ ffi::Error GemmCpu(JAX_OPS_GEMM_HANDLER_PARAMS) {
   Problem p;
   JAX_OPS_RETURN_IF_ERROR(MakeProblem(a, b, b_up, bias, c, residual, a_scale, b_scale, alpha, beta, activation, gated,
                                       transpose_a, transpose_b, write_preact, tf32, plan, *out, *preact, &p));
+  JAX_OPS_RETURN_IF_ERROR(CheckWorkspace(*workspace));  // the cublaslt plan's scratch: the twin needs none
   const Buffers buf{a.untyped_data(),
                     b.untyped_data(),
                     b_up.untyped_data(),

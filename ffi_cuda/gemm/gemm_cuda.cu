@@ -12,7 +12,8 @@ ffi::Error GemmCuda(cudaStream_t stream, JAX_OPS_GEMM_HANDLER_PARAMS) {
   auto dev = CurrentDeviceProps();
   if (dev.has_error()) return dev.error();
   return RunGemm(a, b, b_up, bias, c, residual, a_scale, b_scale, alpha, beta, activation, gated, transpose_a,
-                 transpose_b, write_preact, tf32, plan, *out, *preact, (*dev)->cc_major, (*dev)->sm_count, stream);
+                 transpose_b, write_preact, tf32, plan, *out, *preact, *workspace, (*dev)->cc_major, (*dev)->sm_count,
+                 stream);
 }
 
 }  // namespace

@@ -90,6 +90,11 @@ inline ffi::Error ChoosePlan(const KernelArgs& args, Plan requested, int sm_majo
                         "plan \"sm90\" cannot run this GEMM: it needs an sm_90 GPU (this one is sm_"
                             << sm_major << "x) and the dtypes and 16-byte-aligned rows of gemm/kernels.h");
       break;
+    case Plan::kCublasLt: {
+      const char* why = CublasLtRefusal(args);
+      JAX_OPS_CHECK_ARG(why == nullptr, "plan \"cublaslt\" cannot run this GEMM: " << why);
+      break;
+    }
     case Plan::kSimt:
       break;
   }

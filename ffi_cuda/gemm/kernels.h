@@ -35,7 +35,9 @@ struct KernelArgs {
   const float* b_scale = nullptr;  // b_scale_len elements: 1 or n (gated 2n)
   int64_t a_scale_len = 0, b_scale_len = 0;
   void* out = nullptr;
-  void* preact = nullptr;  // [batch, m, n] (gated [batch, m, 2n]) when written
+  void* preact = nullptr;     // [batch, m, n] (gated [batch, m, 2n]) when written
+  void* workspace = nullptr;  // the cublaslt plan's scratch (workspace_bytes; the other plans take none)
+  uint64_t workspace_bytes = 0;
   ffi::DataType a_dtype{}, b_dtype{}, out_dtype{};
 };
 
@@ -86,6 +88,10 @@ cudaError_t LaunchSm90(const KernelArgs& args, int num_sms, cudaStream_t stream)
 // Decode / skinny kernel (M <= 64): streams the weights at copy bandwidth (gemm_skinny.cu).
 bool SkinnySupports(const KernelArgs& args);
 cudaError_t LaunchSkinny(const KernelArgs& args, int num_sms, cudaStream_t stream);
+
+// cuBLASLt with its native epilogues (gemm_cublaslt.cu): why it cannot run `args` (nullptr: it can), and the run.
+const char* CublasLtRefusal(const KernelArgs& args);
+ffi::Error RunCublasLt(const KernelArgs& args, cudaStream_t stream);
 
 // Portable SIMT kernel: every dtype, layout and size (exact fp32 / fp64; the fallback of the others).
 cudaError_t LaunchSimt(const KernelArgs& args, cudaStream_t stream);

@@ -20,6 +20,7 @@
 //     rets   out      [B, M, N] out dtype
 //            preact   [B, M, N] (gated: [B, M, 2N]) out dtype when write_preact, else 0 elements: z below, what
 //                     the backward needs
+//            workspace u8 [W]: scratch of the cublaslt plan (W = 0 for every other plan: unused)
 //
 // Dtypes (a, b; out): f16/bf16 -> f16, bf16 or f32; f32 -> f32 (exact fp32 products unless tf32); f64 -> f64;
 // f8e4m3fn/f8e5m2 (any pair) -> f16, bf16 or f32; s8 x s8 (int32 accumulate) -> f16, bf16 or f32 and needs both
@@ -50,8 +51,10 @@ inline constexpr int64_t kNumActivations = 5;
 enum class Gated : int64_t { kNone = 0, kSeparate = 1, kPacked = 2 };
 
 // Kernels a call can be forced onto (the `plan` attribute); kAuto lets heuristics.h choose.
-enum class Plan : int64_t { kAuto = 0, kSm90 = 1, kSkinny = 2, kSimt = 3 };
-inline constexpr const char* kPlanNames[] = {"auto", "sm90", "skinny", "simt"};
+// kCublasLt runs cuBLASLt with its native epilogues (a candidate of the tuning table, never of the rules).
+enum class Plan : int64_t { kAuto = 0, kSm90 = 1, kSkinny = 2, kSimt = 3, kCublasLt = 4 };
+inline constexpr const char* kPlanNames[] = {"auto", "sm90", "skinny", "simt", "cublaslt"};
+inline constexpr int64_t kNumPlans = 5;
 
 // The checked problem both twins run: sizes, strides (elements) and which optional operands are present.
 struct Problem {
@@ -106,7 +109,7 @@ inline ffi::Error MakeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, 
   JAX_OPS_CHECK_ARG(od.size() == 3, "out must have rank 3 [B, M, N], got " << ShapeString(od));
   JAX_OPS_CHECK_ARG(activation >= 0 && activation < kNumActivations, "activation id " << activation << " unknown");
   JAX_OPS_CHECK_ARG(gated >= 0 && gated <= 2, "gated id " << gated << " unknown");
-  JAX_OPS_CHECK_ARG(plan >= 0 && plan <= 3, "plan id " << plan << " unknown");
+  JAX_OPS_CHECK_ARG(plan >= 0 && plan < kNumPlans, "plan id " << plan << " unknown");
   p->gated = static_cast<Gated>(gated);
   p->activation = static_cast<Activation>(activation);
   p->plan = static_cast<Plan>(plan);
@@ -190,6 +193,14 @@ inline ffi::Error MakeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, 
       preact_len == (write_preact ? p->batch * p->m * p->preact_cols() : 0),
       "preact has " << preact_len << " elements, expected " << (write_preact ? p->batch * p->m * p->preact_cols() : 0));
   JAX_OPS_CHECK_ARG(!write_preact || preact.element_type() == ot, "preact must have the out dtype");
+  return ffi::Error::Success();
+}
+
+// The workspace result: bytes (u8, rank 1), any length (0 when the plan needs none).
+inline ffi::Error CheckWorkspace(const ffi::AnyBuffer& workspace) {
+  JAX_OPS_CHECK_ARG(workspace.element_type() == ffi::DataType::U8 && workspace.dimensions().size() == 1,
+                    "workspace must be a rank-1 uint8 buffer, got " << GemmDTypeName(workspace.element_type()) << " "
+                                                                    << ShapeString(workspace.dimensions()));
   return ffi::Error::Success();
 }
 

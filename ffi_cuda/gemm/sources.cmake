@@ -4,6 +4,7 @@ list(APPEND JAX_OPS_CPU_SOURCES
   "${CMAKE_CURRENT_LIST_DIR}/gemm_cpu.cc"
 )
 set(JAX_OPS_GEMM_KERNEL_SOURCES
+  "${CMAKE_CURRENT_LIST_DIR}/gemm_cublaslt.cu"
   "${CMAKE_CURRENT_LIST_DIR}/gemm_simt.cu"
   "${CMAKE_CURRENT_LIST_DIR}/gemm_skinny.cu"
   "${CMAKE_CURRENT_LIST_DIR}/gemm_skinny_fp8.cu"

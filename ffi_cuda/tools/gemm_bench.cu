@@ -1,9 +1,9 @@
-// Standalone check + timing of the CUDA GEMM kernels (no Python, no cuBLAS): the library's kernels
-// (gemm_simt.cu, gemm_skinny.cu, gemm_sm90.cu, linked from ffi_cuda/gemm/sources.cmake's kernel list) driven
+// Standalone check + timing of the CUDA GEMM plans (no Python): the library's kernels (gemm_simt.cu, gemm_skinny.cu,
+// gemm_sm90.cu) and the cublaslt plan (gemm_cublaslt.cu), linked from ffi_cuda/gemm/sources.cmake's list, driven
 // through the handler's own body (gemm/dispatch.h RunGemm: MakeProblem, FoldBatch, ChoosePlan, launch) on XLA FFI
 // buffer views of device memory, against an fp64 host reference.
 // Built by ffi_cuda/tools/CMakeLists.txt (-DJAX_OPS_TOOLS=ON) into <build>/bin/gemm_bench.
-// Usage: gemm_bench [small|time|sm90|all]
+// Usage: gemm_bench [small|time|sm90|cublaslt|all]
 //   small: every plan on small odd shapes (M 1/17/64/129, N 17/256/1000, K 0/1/17/64/1000), gated and not,
 //          transposes, batch broadcast, bias/c/residual/scales/preact, every dtype the plan takes; the skinny kernel
 //          also with every cluster split (deterministic: two runs bit-equal), unaligned operands and batch folding.
@@ -11,9 +11,10 @@
 //          failure (this is what compute-sanitizer memcheck / racecheck run in .ci/gpu).
 //   time:  CUDA-event timings: decode shapes (M 1/16/64 x K 4096 x N 4096/11008, plain and gated, weights rotated
 //          through more than 4x the L2) in us and TB/s of weight reads next to the copy bandwidth, every skinny split;
-//          the SIMT kernel on f32/f64/bf16 cubes; the sm90 plan on large plain and bias+GELU shapes where it runs.
+//          the SIMT kernel on f32/f64/bf16 cubes; the sm90 and cublaslt plans on large plain and bias+GELU shapes
+//          where they run.
 //          Every timed configuration is also checked on sampled elements against fp64.
-//   sm90 [i]: the sm90 part of time alone (only its i-th shape when given).
+//   sm90 [i] / cublaslt [i]: that plan's part of time alone (only its i-th shape when given).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -43,6 +44,9 @@ using DT = xla::ffi::DataType;
 namespace {
 
 int g_sms = 0, g_cc_major = 0;
+// The cublaslt plan's workspace (what ffi.py allocates: tuning.CUBLASLT_WORKSPACE_BYTES), shared by every call.
+void* g_workspace = nullptr;
+constexpr uint64_t kWorkspaceBytes = (uint64_t{32} << 20) + (uint64_t{128} << 10);
 size_t g_l2_bytes = 0;
 
 // ---------------------------------------------------------------------------------------- host element codec
@@ -267,6 +271,7 @@ Dev DevOf(const Tensor& t) { return {t.dt, t.n ? t.dev : nullptr}; }
 // The case's operands as the handler's arguments, in params.h's shapes (the optional ones as the case asks).
 struct FfiCall {
   FfiView a, b, b_up, bias, c, residual, a_scale, b_scale, out, preact;
+  FfiView workspace{DT::U8, g_workspace, {static_cast<int64_t>(kWorkspaceBytes)}};
   static std::vector<int64_t> If(bool present, std::vector<int64_t> shape) {
     return present ? shape : std::vector<int64_t>{0};
   }
@@ -305,8 +310,11 @@ struct FfiCall {
     Problem p;
     const xla::ffi::Error e = Call(cs, [&](auto&&... x) { return MakeProblem(x..., &p); });
     if (!e.success()) jax_ops::tools::CheckFailed("contract", e.message(), __FILE__, __LINE__);
-    return MakeKernelArgs(p, a.any(), b.any(), b_up.any(), bias.any(), c.any(), residual.any(), a_scale.any(),
-                          b_scale.any(), out.any(), preact.any());
+    KernelArgs args = MakeKernelArgs(p, a.any(), b.any(), b_up.any(), bias.any(), c.any(), residual.any(),
+                                     a_scale.any(), b_scale.any(), out.any(), preact.any());
+    args.workspace = g_workspace;
+    args.workspace_bytes = kWorkspaceBytes;
+    return args;
   }
 };
 
@@ -400,12 +408,14 @@ double MaxError(const std::vector<double>& got, const std::vector<double>& ref) 
 // One kernel launched directly (timing): the skinny kernel with cluster split `split` (0: the rule's).
 cudaError_t LaunchDirect(Plan plan, const KernelArgs& p, int split) {
   if (plan == Plan::kSkinny) return LaunchSkinnyWithSplit(p, g_sms, split, nullptr, nullptr);
+  if (plan == Plan::kCublasLt) return RunCublasLt(p, nullptr).success() ? cudaSuccess : cudaErrorUnknown;
   return LaunchPlan(plan, p, g_sms, nullptr);
 }
 
 // The handler's body (dispatch.h RunGemm); with a forced skinny split, the same steps ending in LaunchSkinnyWithSplit.
 xla::ffi::Error RunLikeHandler(const Case& c, const FfiCall& f) {
-  if (c.split == 0) return f.Call(c, [&](auto&&... x) { return RunGemm(x..., g_cc_major, g_sms, nullptr); });
+  if (c.split == 0)
+    return f.Call(c, [&](auto&&... x) { return RunGemm(x..., f.workspace.any(), g_cc_major, g_sms, nullptr); });
   KernelArgs ka = f.Args(c);
   FoldBatch(&ka);
   Plan chosen = Plan::kSimt;
@@ -457,7 +467,7 @@ bool RunCase(const Case& c, const std::string& group, std::mt19937& rng) {
     if (g.refused++ == 0) std::printf("      refused as expected: %s\n", run.message().c_str());
     return true;
   }
-  if (IsRefusal(run) && c.plan == Plan::kSm90) {  // the Hopper kernel's support set is its own: counted, not failed
+  if (IsRefusal(run) && (c.plan == Plan::kSm90 || c.plan == Plan::kCublasLt)) {  // their own support sets: counted
     ++g.skipped;
     return true;
   }
@@ -518,7 +528,8 @@ std::vector<Types> PlanTypes(Plan plan) {
       {f16, f16, f32},
       {bf16, bf16, f32}};
   if (plan == Plan::kSimt) t.push_back({bf16, bf16, bf16});
-  if (plan == Plan::kSimt) t.push_back({DT::F64, DT::F64, DT::F64});
+  if (plan == Plan::kSimt || plan == Plan::kCublasLt) t.push_back({DT::F64, DT::F64, DT::F64});
+  if (plan == Plan::kCublasLt) t.push_back({f32, f32, f32});
   for (DT x : {e4, e5})
     for (DT y : {e4, e5})
       for (DT o : {f16, bf16, f32}) t.push_back({x, y, o});
@@ -564,7 +575,7 @@ bool RunSmall() {
   bool ok = true;
   int v = 0;
   const int64_t Ms[] = {1, 17, 64, 129}, Ns[] = {17, 256, 1000}, Ks[] = {1, 17, 64, 1000};
-  std::vector<Plan> plans = {Plan::kSimt, Plan::kSkinny, Plan::kSm90};
+  std::vector<Plan> plans = {Plan::kSimt, Plan::kSkinny, Plan::kSm90, Plan::kCublasLt};
   for (Plan plan : plans) {
     const bool skinny = plan == Plan::kSkinny;
     const std::vector<Types> types = PlanTypes(plan);
@@ -929,7 +940,7 @@ void TimeTiled(Plan plan, int only = -1) {  // only: run just the shape of this 
                                    {DT::BF16, 8192, 8192, 8192, false},    {DT::BF16, 4096, 11008, 4096, false},
                                    {DT::BF16, 4096, 11008, 4096, true},    {DT::BF16, 16384, 4096, 4096, false},
                                    {DT::F8E4M3FN, 8192, 8192, 8192, false}};
-  const std::vector<Shape>& shapes = plan == Plan::kSimt ? simt : sm90;
+  const std::vector<Shape>& shapes = plan == Plan::kSimt ? simt : sm90;  // cublaslt: the sm90 shapes, side by side
   std::printf("%s:\n", PlanName(plan));
   for (size_t index = 0; index < shapes.size(); ++index) {
     if (only >= 0 && static_cast<size_t>(only) != index) continue;
@@ -939,6 +950,7 @@ void TimeTiled(Plan plan, int only = -1) {  // only: run just the shape of this 
     c.a = c.b = s.dt;
     c.out = s.dt == DT::F8E4M3FN ? DT::BF16 : s.dt;
     c.m = s.m, c.n = s.n, c.k = s.k;
+    c.tb = IsFp8(s.dt);  // 8-bit operands are read K-major by both tiled plans: the weight stored [N, K]
     c.bias = s.bias_gelu;
     c.act = s.bias_gelu ? Activation::kGelu : Activation::kIdentity;
     Timed t(c, 0);
@@ -967,6 +979,7 @@ int main(int argc, char** argv) {
   g_sms = prop.multiProcessorCount;
   g_cc_major = prop.major;
   g_l2_bytes = prop.l2CacheSize;
+  CHECK(cudaMalloc(&g_workspace, kWorkspaceBytes));
   std::printf("device %s: %d SMs, sm_%d%d, L2 %zu MB\n", prop.name, g_sms, prop.major, prop.minor, g_l2_bytes >> 20);
   bool ok = true;
   const bool all = !std::strcmp(mode, "all");
@@ -976,11 +989,15 @@ int main(int argc, char** argv) {
     TimeSkinny(copy);
     TimeTiled(Plan::kSimt);
     TimeTiled(Plan::kSm90);
+    TimeTiled(Plan::kCublasLt);
     ok &= g_time_ok;
   }
-  if (!std::strcmp(mode, "sm90")) TimeTiled(Plan::kSm90, argc > 2 ? std::atoi(argv[2]) : -1);
-  if (!all && std::strcmp(mode, "small") && std::strcmp(mode, "time") && std::strcmp(mode, "sm90")) {
-    std::printf("usage: gemm_bench [small|time|sm90|all]\n");
+  const int only = argc > 2 ? std::atoi(argv[2]) : -1;
+  if (!std::strcmp(mode, "sm90")) TimeTiled(Plan::kSm90, only);
+  if (!std::strcmp(mode, "cublaslt")) TimeTiled(Plan::kCublasLt, only);
+  if (!all && std::strcmp(mode, "small") && std::strcmp(mode, "time") && std::strcmp(mode, "sm90") &&
+      std::strcmp(mode, "cublaslt")) {
+    std::printf("usage: gemm_bench [small|time|sm90|cublaslt|all]\n");
     return 2;
   }
   std::printf("%s\n", ok ? "ALL OK" : "FAILURES");

@@ -77,6 +77,15 @@ def _plot(rows: list[dict], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _tune(ctx: Context) -> list[dict]:
+    from jax_ops.bench import gemm
+
+    rows = gemm.tune(ctx)
+    for row in rows:
+        row["suite"] = "gemm --tune"
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jax_ops.bench", description=__doc__)
     parser.add_argument("suite", choices=[*SUITES, *EXTRA_SUITES, "all"])
@@ -92,7 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--wide", action="store_true", help=f"print every row and column (default: fit {TABLE_WIDTH})"
     )
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="gemm only: time every candidate plan per problem class and rewrite the GEMM dispatch table",
+    )
     args = parser.parse_args(argv)
+    if args.tune and args.suite != "gemm":
+        parser.error("--tune applies to the gemm suite only")
     if args.plot:
         _require_matplotlib()  # before the suites run, not after
 
@@ -107,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     for name in names:
         t0 = time.perf_counter()
-        suite_rows = run_suite(name, ctx)
+        suite_rows = _tune(ctx) if args.tune else run_suite(name, ctx)
         rows += suite_rows
         table = format_table(suite_rows, None if args.wide else TABLE_WIDTH)
         print(f"\n== {name} ({time.perf_counter() - t0:.0f} s)\n{table}", flush=True)

@@ -154,4 +154,94 @@ def run(ctx) -> list[dict]:
     return rows
 
 
-__all__ = ["run"]
+# --tune: the dtypes and epilogues whose classes have a candidate besides "auto" (tuning.py's "plain" and "lt").
+TUNE_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float8_e4m3fn, jnp.float32, "tf32", jnp.float64)
+TUNE_CANDIDATES = ("auto", "cublaslt")
+
+
+def _tune_cases(quick: bool):
+    shapes = (LARGE[:2] + [c for c in DECODE if c[0] in (1, 16, 64)]) if quick else LARGE + DECODE
+    for dtype in TUNE_DTYPES:
+        kinds = ("plain", "bias_gelu_tanh") if dtype in (jnp.bfloat16, jnp.float16) else ("plain",)
+        for m, n, k in shapes:
+            for kind in kinds:
+                yield {"M": m, "N": n, "K": k, "kind": kind, "dtype": dtype}
+
+
+def _tune_fn(c):
+    """(f(x, w), x, w, tuning class key) of one --tune case: linear(x [M, K], w) as a user calls it (fp8 weights
+    stored [N, K], per-tensor scales; "tf32" = float32 with precision="tensorfloat32")."""
+    from jax_ops._src.gemm import tuning
+    from jax_ops._src.gemm.validation import Config
+
+    m, n, k, dtype = c["M"], c["N"], c["K"], c["dtype"]
+    tf32 = dtype == "tf32"
+    dt = jnp.float32 if tf32 else dtype
+    fp8 = jnp.dtype(dt).itemsize == 1
+    keys = jax.random.split(jax.random.key(m * 7 + n), 3)
+    x = jax.random.normal(keys[0], (m, k), jnp.float32).astype(dt)
+    w = (jax.random.normal(keys[1], (n, k) if fp8 else (k, n), jnp.float32) / k**0.5).astype(dt)
+    bias = jax.random.normal(keys[2], (n,), jnp.float32) if c["kind"] != "plain" else None
+    act = "gelu_tanh" if c["kind"] != "plain" else None
+    kw = dict(activation=act, implementation="ffi")
+    if fp8:
+        one = jnp.ones((), jnp.float32)
+        kw.update(a_scale=one, b_scale=one, out_dtype=jnp.bfloat16, transpose_b=True)
+    if tf32:
+        kw["precision"] = "tensorfloat32"
+
+    def fn(x, w):
+        return jax_ops.gemm(x, w, bias=bias, **kw)
+
+    cfg = Config(out_dtype=jnp.dtype(kw.get("out_dtype", dt)), activation=act or "identity", tf32=tf32)
+    key = tuning.class_key(cfg, dt, m, n * k * jnp.dtype(dt).itemsize, bias is not None, False)
+    return fn, x, w, key
+
+
+def tune(ctx) -> list[dict]:
+    """``--tune``: every candidate plan of each case, forced through the plan knob and timed like ``run``; per
+    class the fastest plan against "auto" (tuning.best_plans) goes into the dispatch table file."""
+    from jax_ops import gemm_ops
+    from jax_ops._src import dispatch
+    from jax_ops._src.gemm import tuning
+
+    if jax.default_backend() != "gpu":
+        raise SystemExit("--tune times the CUDA plans: it needs a GPU")
+    device = dispatch.first_gpu()
+    arch = tuning.arch_key(dispatch.compute_capability(device))
+    cases = [c for c in _tune_cases(ctx.quick) if ctx.selected(_tune_name(c))]
+    rows: list[dict] = []
+    times: dict[str, dict[str, list[float]]] = {}
+    progress = ctx.progress(len(cases), "gemm --tune", rows)
+    for c in cases:
+        fn, x, w, key = _tune_fn(c)
+        per_plan = times.setdefault(key, {})
+        for plan in TUNE_CANDIDATES:
+            row = {"case": _tune_name(c), "impl": plan, "class": key, "time_us": None}
+            rows.append(row)
+            try:
+                with gemm_ops.overrides(plan=plan):  # trace-time knob: both jits trace inside it
+                    out = jax.jit(fn)(x, w)
+                    t = time_loop(_step(fn), out, x, w)
+            except Exception as e:  # noqa: BLE001 - a plan refusing the case: not a candidate of its class
+                row["note"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:90]}"
+                per_plan[plan] = []  # a plan that fails one shape of a class is out of that class
+                continue
+            if per_plan.get(plan) != []:
+                per_plan.setdefault(plan, []).append(t)
+            row["time_us"] = t * 1e6
+        progress.step(_tune_name(c))
+    chosen = tuning.best_plans(times)
+    path = tuning.write_table(arch, chosen, device.device_kind)
+    for row in rows:
+        row["chosen"] = chosen.get(row["class"], "auto")
+    print(f"gemm --tune: {len(chosen)} classes for {arch} written to {path}", flush=True)
+    return rows
+
+
+def _tune_name(c) -> str:
+    dtype = c["dtype"] if isinstance(c["dtype"], str) else jnp.dtype(c["dtype"]).name
+    return f"tune {c['kind']} M{c['M']} N{c['N']} K{c['K']} {dtype}"
+
+
+__all__ = ["run", "tune"]

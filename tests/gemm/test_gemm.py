@@ -248,7 +248,7 @@ def test_default_on_cpu_is_xla_and_ffi_is_the_twin():
 
 def test_plan_knob():
     a, b = jnp.ones((2, 3)), jnp.ones((3, 4))
-    for plan in ("auto", "sm90", "skinny", "simt"):  # the twin runs every plan
+    for plan in ("auto", "sm90", "skinny", "simt", "cublaslt"):  # the twin runs every plan
         with gemm_ops.overrides(plan=plan):
             np.testing.assert_array_equal(np.asarray(jax_ops.gemm(a, b, implementation="ffi")), 3.0)
     with gemm_ops.overrides(plan="fastest"), pytest.raises(ValueError, match="knob plan must be one of"):

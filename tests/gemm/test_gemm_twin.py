@@ -33,6 +33,8 @@ def raw(
     out_dtype=None,
     preact_shape=(0,),
     aliases=None,
+    workspace_bytes=0,
+    workspace_dtype=jnp.uint8,
     **attrs,
 ):
     """One direct call of the target (attributes default to a plain GEMM)."""
@@ -61,16 +63,21 @@ def raw(
     out_dtype = out_dtype or a.dtype
     if out_shape is None:
         out_shape = (a.shape[0], a.shape[1], b.shape[2])
-    shapes = (jax.ShapeDtypeStruct(out_shape, out_dtype), jax.ShapeDtypeStruct(preact_shape, out_dtype))
+    shapes = (
+        jax.ShapeDtypeStruct(out_shape, out_dtype),
+        jax.ShapeDtypeStruct(preact_shape, out_dtype),
+        jax.ShapeDtypeStruct((workspace_bytes,), workspace_dtype),
+    )
     args = [x if x is not None else empty() for x in (a, b, b_up, bias, c, residual, a_scale, b_scale)]
-    return jax.jit(lambda *xs: _ffi.ffi_call(TARGET, shapes, *xs, input_output_aliases=aliases, **kw))(*args)
+    call = lambda *xs: _ffi.ffi_call(TARGET, shapes, *xs, input_output_aliases=aliases, **kw)[:2]  # noqa: E731
+    return jax.jit(call)(*args)
 
 
 def test_registered():
     assert TARGET in _ffi.target_names("cpu")
     consts = _ffi.constants()
     assert consts["gemm_activations"] == ("identity", "relu", "gelu_tanh", "gelu", "silu")
-    assert consts["gemm_plans"][0] == "auto"
+    assert consts["gemm_plans"] == ("auto", "sm90", "skinny", "simt", "cublaslt")
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 17, 129, 65), (1, 130, 70, 300)])
@@ -149,6 +156,7 @@ BAD = {
         gated=1, b_up=jnp.ones((1, 8, 5), f32), c=jnp.ones((2, 4, 5), f32)
     ),
     "preact has": dict(write_preact=True, preact_shape=(2, 4, 4)),
+    "workspace must be a rank-1 uint8": dict(workspace_bytes=16, workspace_dtype=f32),
 }
 
 

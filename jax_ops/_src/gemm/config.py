@@ -1,8 +1,8 @@
 """The gemm family's knobs: overrides for tests and experiments, read at trace time.
 
-``plan`` forces one CUDA kernel ("sm90", "skinny", "simt"; "auto" lets ffi_cuda/gemm/heuristics.h choose); it
-travels to the handler as the ``plan`` attribute, and a forced kernel that cannot run a problem fails with
-InvalidArgument. The CPU twin has one kernel and accepts every plan. Environment: ``JAX_OPS_GEMM_PLAN``. Override
+``plan`` forces one CUDA plan ("sm90", "skinny", "simt", "cublaslt"; "auto" takes the dispatch table's plan for
+the problem's class where it has one (tuning.py), else ffi_cuda/gemm/heuristics.h's rules); it travels to the
+handler as the ``plan`` attribute, and a forced plan that cannot run a problem fails with InvalidArgument. The CPU twin has one kernel and accepts every plan. Environment: ``JAX_OPS_GEMM_PLAN``. Override
 for a block with ``jax_ops.gemm_ops.overrides(plan="skinny")``.
 """
 
@@ -16,7 +16,7 @@ KNOBS = Knobs(
     plan=Knob(
         "auto",
         env="JAX_OPS_GEMM_PLAN",
-        doc="force a CUDA kernel: auto (the dispatch rule), sm90, skinny or simt",
+        doc="force a CUDA plan: auto (the dispatch table, then the rules), sm90, skinny, simt or cublaslt",
     ),
 )
 
