@@ -124,6 +124,25 @@ def test_per_example_grads_and_grad_of_vmap():
         assert rel_err(x, y) < 1e-5
 
 
+def test_shared_weight_grad_sums_the_batch_under_vmap_and_twice():
+    """The shared weight's gradient sums over batch and rows in one GEMM (Config.sum_batch): per example under
+    vmap (each example its own sum over its batch), and differentiated again (its own backward)."""
+    r = rngs(2)
+    a, b = operand(r[0], (3, 2, 6, 16), F32), operand(r[1], (16, 5), F32)
+
+    def loss(impl):
+        return lambda a, b: jnp.sum(jnp.sin(jax_ops.gemm(a, b, activation="gelu_tanh", implementation=impl)))
+
+    per_example = [jax.vmap(jax.grad(loss(i), argnums=1), in_axes=(0, None))(a, b) for i in ("ffi", "xla")]
+    assert per_example[0].shape == (3, 16, 5)
+    assert rel_err(per_example[0], per_example[1]) < 1e-5
+
+    def second(impl):  # d/da of |dL/db|^2: through the weight gradient's own backward
+        return jax.grad(lambda a: jnp.sum(jax.grad(loss(impl), argnums=1)(a, b) ** 2))(a[0])
+
+    assert rel_err(second("ffi"), second("xla")) < 1e-5
+
+
 # -------------------------------------------------------------------------------------------------- sharding
 @pytest.fixture(scope="module")
 def mesh():
@@ -157,6 +176,25 @@ def test_jit_named_sharding(mesh, specs):
     assert rel_err(out, oracle(a, b, bias=bias, activation="gelu")) < 1e-6
     assert out.sharding.is_equivalent_to(NamedSharding(mesh, out_spec), 3)
     assert collectives(f, *args) == 0
+
+
+@pytest.mark.parametrize("a_spec", [P(None, "y", None), P("x", "y", None), P("x", None, None)])
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_shared_weight_grad_with_rows_sharded_does_not_gather(mesh, a_spec, transpose_b):
+    """A shared weight's gradient with a's rows (M) and/or batch sharded is a partial sum per shard and one
+    all-reduce: a and dz are never gathered (batch > 1, so batch and rows cannot merge into one sharded dim)."""
+    r = rngs(2)
+    a, b = operand(r[0], (2, 16, 32), F32), operand(r[1], (24, 32) if transpose_b else (32, 24), F32)
+
+    def loss(impl):
+        return lambda a, b: jnp.sum(jnp.sin(gemm(a, b, transpose_b=transpose_b, implementation=impl)))
+
+    f = jax.grad(loss("ffi"), argnums=(0, 1))
+    args = (put(mesh, a, *a_spec), b)
+    counts = collective_counts(f, *args)
+    assert counts == only(all_reduce=1), counts
+    for g, g_ref in zip(jax.jit(f)(*args), jax.grad(loss("xla"), argnums=(0, 1))(a, b)):
+        assert rel_err(g, g_ref) < 1e-5
 
 
 def test_jit_sharded_packed_gated_and_grads(mesh):

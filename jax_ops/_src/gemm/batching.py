@@ -5,6 +5,7 @@ the jnp version, with a one-time warning."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -43,6 +44,12 @@ def gemm_op(cfg: Config):
         V = axis_size
         a_b, b_b, up_b, bias_b, c_b, res_b, as_b, bs_b = in_batched
         args = (a, b, b_up, bias, c, residual, a_scale, b_scale)
+        if (
+            cfg.sum_batch
+        ):  # each example sums its own batch: V stays the batch, (B, K) folds into the contraction
+            fa, fb = (lead(x, xb, V).reshape(V, -1, x.shape[-1]) for x, xb in ((a, a_b), (b, b_b)))
+            out, preact = gemm_op(dataclasses.replace(cfg, sum_batch=False))(fa, fb, *args[2:])
+            return (out[:, None], preact), (True, False)
         B, M, N, _ = dims(cfg, a[0] if a_b else a, b[0] if b_b else b)
         # After folding, shared weights (Bb = 1, a not transposed) take a row scale per folded batch entry.
         shared = not b_b and not up_b and b.shape[0] == 1 and not cfg.transpose_a

@@ -70,7 +70,11 @@ def resolve_plan(cfg: Config, a, b, bias, c, residual, a_scale, b_scale) -> str:
 def gemm_ffi(cfg: Config, a, b, b_up, bias, c, residual, a_scale, b_scale):
     """``(out [B, M, N], preact)``: preact is [B, M, N] (gated [B, M, 2, N]) with write_preact, else 0 elements.
 
-    Shared weights (Bb = 1, a not transposed) fold the batch into M here, per shard: one GEMM of B*M rows."""
+    Shared weights (Bb = 1, a not transposed) fold the batch into M here, per shard: one GEMM of B*M rows; a
+    ``sum_batch`` call folds its batch into the contraction (a [B, K, M] -> [1, B*K, M], b likewise)."""
+    if cfg.sum_batch:
+        a, b = a.reshape(1, -1, a.shape[2]), b.reshape(1, -1, b.shape[2])
+        cfg = dataclasses.replace(cfg, sum_batch=False)
     B, M, N, _ = dims(cfg, a, b)
     gated = cfg.gated != "none"
     cfg = dataclasses.replace(cfg, plan=resolve_plan(cfg, a, b, bias, c, residual, a_scale, b_scale))

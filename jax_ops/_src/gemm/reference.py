@@ -46,6 +46,8 @@ def gemm_reference(cfg: Config, a, b, b_up, bias, c, residual, a_scale, b_scale,
             preferred_element_type=acc_dtype,
             precision=precision,
         )
+        if cfg.sum_batch:
+            acc = acc.sum(axis=0, keepdims=True)
         return acc.astype(epi_dtype)
 
     if cfg.gated == "none":

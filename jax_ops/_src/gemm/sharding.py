@@ -46,6 +46,10 @@ def _rule(cfg: Config, mesh, value_types, result_types):
     def unique(shape):  # a factor of its own per dim: replicated
         return " ".join(next(fresh) for _ in shape)
 
+    if cfg.sum_batch:  # a [B, K, M], b [B, K, N] -> [1, M, N]: b and k are both contracted
+        operands = ["b k m", "b k n", *(unique(x) for x in (b_up, bias, c, res, a_scale, b_scale))]
+        results = [f"{next(fresh)} m n", unique(_shape_of(result_types[1]))]
+        return ", ".join(operands) + " -> " + ", ".join(results), {"reduction_factors": ("b", "k")}
     weight = _weight_dims(cfg, "b" if b[0] == B else next(fresh))
     operands = [
         "b k m" if cfg.transpose_a else "b m k",
@@ -114,6 +118,7 @@ def _partial_products(cfg: Config, a, b, b_up):
         transpose_b=cfg.transpose_b,
         tf32=cfg.tf32,
         plan=cfg.plan,
+        sum_batch=cfg.sum_batch,
     )
     e = absent()
 
@@ -154,10 +159,57 @@ def _k_sharded(cfg: Config, k_axes: tuple[str, ...], scatter: int | None):
     return lower
 
 
+def _scatter_dim(mesh, out_axes, result_spec, sizes, red_axes):
+    """The output dim (in ``sizes``' order of preference) to reduce-scatter over ``red_axes``: the one the output's
+    propagated sharding splits over its own axes followed by those, when they divide it; else None."""
+    for d, size in sizes:
+        have, want = _names(out_axes[d]), _names(result_spec[d])
+        if want == have + red_axes and (size // _extent(mesh, have)) % _extent(mesh, red_axes) == 0:
+            return d, _entry(want)
+    return None, None
+
+
+def _partition_sum_batch(cfg: Config, mesh, arg_shapes, result_shape):
+    """A ``sum_batch`` call (a [B, K, M], b [B, K, N] -> [1, M, N]): batch and K are both contractions, split over
+    the axes the operands share on them (or the one operand's, the other sliced locally) and reduced once; M and N
+    shard as a's M and b's N are sharded."""
+    a, b = arg_shapes[0], arg_shapes[1]
+    B, M, N, K = dims(cfg, a, b)
+    a_spec, b_spec = _spec(a), _spec(b)
+    batch_axes = _k_axes(mesh, a_spec[0], b_spec[0], B)
+    k_axes = _k_axes(mesh, a_spec[1], b_spec[1], K)
+    if set(k_axes) & set(batch_axes):
+        k_axes = ()
+    red = batch_axes + k_axes
+    axes = []
+    used = set(red)
+    for ax, size in ((a_spec[2], M), (b_spec[2], N)):
+        names = _names(ax)
+        if not names or used & set(names) or size % _extent(mesh, names):
+            axes.append(None)
+            continue
+        used |= set(names)
+        axes.append(ax)
+    m_ax, n_ax = axes
+    out_axes = [None, m_ax, n_ax]
+    scatter = None
+    if red:
+        scatter, entry = _scatter_dim(mesh, out_axes, _spec(result_shape[0]), ((1, M), (2, N)), red)
+        if scatter is not None:
+            out_axes[scatter] = entry
+    ns = lambda p: NamedSharding(mesh, p)  # noqa: E731
+    batch_ax, k_ax = _entry(batch_axes), _entry(k_axes)
+    args = [P(batch_ax, k_ax, m_ax), P(batch_ax, k_ax, n_ax), *(P(None) for _ in arg_shapes[2:])]
+    lower = _k_sharded(cfg, red, scatter) if red else functools.partial(gemm_ffi, cfg)
+    return mesh, lower, (ns(P(*out_axes)), ns(P(None))), tuple(map(ns, args))
+
+
 def _partition(cfg: Config, mesh, arg_shapes, result_shape):
     """Shards batch and M as ``a`` is sharded and N as ``b`` is (each when it divides, each mesh axis once). A K
     split over mesh axes (_k_axes) sums partial products over them: reduce-scattered over the output's batch, M
     or N dim when the output's sharding splits that dim over K's axes too, else all-reduced."""
+    if cfg.sum_batch:
+        return _partition_sum_batch(cfg, mesh, arg_shapes, result_shape)
     a, b = arg_shapes[0], arg_shapes[1]
     B, M, N, K = dims(cfg, a, b)
     a_spec, b_spec = _spec(a), _spec(b)
@@ -180,12 +232,9 @@ def _partition(cfg: Config, mesh, arg_shapes, result_shape):
     out_axes = list(axes)
     scatter = None
     if k_axes:
-        result = _spec(result_shape[0])
-        for d, size in ((1, M), (2, N), (0, B)):
-            have, want = _names(axes[d]), _names(result[d])
-            if want == have + k_axes and (size // _extent(mesh, have)) % _extent(mesh, k_axes) == 0:
-                out_axes[d], scatter = _entry(want), d
-                break
+        scatter, entry = _scatter_dim(mesh, axes, _spec(result_shape[0]), ((1, M), (2, N), (0, B)), k_axes)
+        if scatter is not None:
+            out_axes[scatter] = entry
     out_b, out_m, out_n = out_axes
     bb_ax = b_ax if b.shape[0] == B else None
     if cfg.gated == "packed":

@@ -62,6 +62,9 @@ class Config:
     tf32: bool = False
     write_preact: bool = False
     plan: str = "auto"  # the knob's value when the call was traced
+    # The batch is contracted too: out [1, M, N] = sum_b op(a_b) @ op(b_b) (a shared weight's gradient). Needs a
+    # transposed a ([B, K, M]), b [B, K, N] and no epilogue but alpha; the kernel sees one GEMM of B*K rows.
+    sum_batch: bool = False
 
     def attrs(self) -> dict[str, Any]:
         """The contract's attributes (ffi_cuda/gemm/params.h)."""

@@ -49,8 +49,9 @@ def _fwd(cfg: Config, *operands):
     return (out, returned), (operands, preact if saves else None)
 
 
-def _matmul(cfg: Config, x, y, tx: bool, ty: bool, out_dtype, *, c=None):
-    """alpha * op(x) @ op(y) (+ c) through the op itself (so higher derivatives work too)."""
+def _matmul(cfg: Config, x, y, tx: bool, ty: bool, out_dtype, *, c=None, sum_batch=False):
+    """alpha * op(x) @ op(y) (+ c) through the op itself (so higher derivatives work too); ``sum_batch`` sums
+    over the batch as well ([1, M, N]: Config.sum_batch)."""
     mm = Config(
         out_dtype=np.dtype(out_dtype),
         transpose_a=tx,
@@ -59,12 +60,28 @@ def _matmul(cfg: Config, x, y, tx: bool, ty: bool, out_dtype, *, c=None):
         beta=0.0 if c is None else 1.0,
         tf32=cfg.tf32,
         plan=cfg.plan,
+        sum_batch=sum_batch,
     )
     e = absent()
     return gemm_vjp(mm, x, y, e, e, e if c is None else c, e, e, e)
 
 
+def _sum_batch_bwd(cfg: Config, res, cts):
+    """Gradients of out = alpha * sum_b x_b^T @ y_b (x [B, K, M], y [B, K, N], out [1, M, N]): dx_b = alpha *
+    y_b @ g^T, dy_b = alpha * x_b @ g, each one GEMM with g as a shared weight."""
+    (x, y, *absent_operands), _ = res
+    g, _ = cts
+    g = g.astype(x.dtype)
+    mm = functools.partial(_matmul, cfg)
+    dx, dy = mm(y, g, False, True, x.dtype), mm(x, g, False, False, y.dtype)
+    grads = (dx, dy, *(jnp.zeros_like(z) for z in absent_operands))
+    operands = (x, y, *absent_operands)
+    return vary_like(grads, (*operands, g), targets=operands)
+
+
 def _bwd(cfg: Config, res, cts):
+    if cfg.sum_batch:
+        return _sum_batch_bwd(cfg, res, cts)
     (a, b, b_up, bias, c, residual, a_scale, b_scale), preact = res
     g, g_preact = cts
     k = kind(a.dtype)
@@ -108,9 +125,12 @@ def _bwd(cfg: Config, res, cts):
     def weight_grad(dz):
         if Bb == B:
             return mm(dz, a, True, ta, dt) if tb else mm(a, dz, not ta, False, dt)
-        if not ta:  # shared weight: the batch folds into the contraction
-            a_rows, dz_rows = a.reshape(1, B * M, K), dz.reshape(1, B * dz.shape[1], dz.shape[2])
-            return mm(dz_rows, a_rows, True, False, dt) if tb else mm(a_rows, dz_rows, True, False, dt)
+        if not ta:  # shared weight: the batch is contracted too (one GEMM of B*M rows per shard)
+            return (
+                mm(dz, a, True, False, dt, sum_batch=True)
+                if tb
+                else mm(a, dz, True, False, dt, sum_batch=True)
+            )
         per_batch = mm(dz, a, True, True, acc) if tb else mm(a, dz, False, False, acc)
         return per_batch.sum(axis=0, keepdims=True).astype(dt)
 
