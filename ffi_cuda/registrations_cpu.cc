@@ -120,6 +120,7 @@ NB_MODULE(_jax_ops_cpu, m) {
       namespace gm = jax_ops::gemm;
       constants["gemm_activations"] = names(gm::kActivationNames);
       constants["gemm_plans"] = names(gm::kPlanNames);
+      constants["gemm_skinny_max_m_fp8"] = gm::kSkinnyMaxMFp8;
       constants["gemm_gated_none"] = static_cast<int64_t>(gm::Gated::kNone);
       constants["gemm_gated_separate"] = static_cast<int64_t>(gm::Gated::kSeparate);
       constants["gemm_gated_packed"] = static_cast<int64_t>(gm::Gated::kPacked);

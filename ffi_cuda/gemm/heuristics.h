@@ -25,9 +25,8 @@ inline void FoldBatch(KernelArgs* args) {
 }
 
 // ---------------------------------------------------------------------------------------- skinny kernel
-inline constexpr int64_t kSkinnyMaxM = 64;     // its accumulators hold at most 64 rows of op(a) (8 mma token tiles)
-inline constexpr int64_t kSkinnyMaxMFp8 = 16;  // fp8: twice the columns per lane; more rows would spill
-inline constexpr int kSkinnyMaxSplit = 8;      // CTAs per cluster sharing a column tile's K (the portable cluster size)
+// kSkinnyMaxM / kSkinnyMaxMFp8 (its row limits) are in params.h: Python reads the fp8 one through constants().
+inline constexpr int kSkinnyMaxSplit = 8;  // CTAs per cluster sharing a column tile's K (the portable cluster size)
 // Fewest K chunks (one mma deep) per warp when splitting K over more CTAs: below that a CTA's time goes to its
 // reduction.
 inline constexpr int64_t kSkinnyMinChunksPerWarp = 4;

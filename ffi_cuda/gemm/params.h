@@ -56,6 +56,11 @@ enum class Plan : int64_t { kAuto = 0, kSm90 = 1, kSkinny = 2, kSimt = 3, kCubla
 inline constexpr const char* kPlanNames[] = {"auto", "sm90", "skinny", "simt", "cublaslt"};
 inline constexpr int64_t kNumPlans = 5;
 
+// The skinny (decode) kernel's row limits, here so that Python can read them (ffi.py keeps an 8-bit b [K, N] for
+// it up to kSkinnyMaxMFp8 rows and makes it K-major above, for the Hopper kernel).
+inline constexpr int64_t kSkinnyMaxM = 64;     // its accumulators hold at most 64 rows of op(a) (8 mma token tiles)
+inline constexpr int64_t kSkinnyMaxMFp8 = 16;  // fp8: twice the columns per lane; more rows would spill
+
 // The checked problem both twins run: sizes, strides (elements) and which optional operands are present.
 struct Problem {
   int64_t batch = 1, batch_b = 1, m = 0, n = 0, k = 0;

@@ -16,7 +16,6 @@ from jax_ops._src.gemm import tuning
 from jax_ops._src.gemm.validation import Config
 
 TARGET = "jax_ops_gemm"
-SKINNY_MAX_M_8BIT = 16  # heuristics.h kSkinnyMaxMFp8: above it an 8-bit GEMM runs on the Hopper kernel
 
 
 def absent() -> jax.Array:
@@ -95,7 +94,7 @@ def gemm_ffi(cfg: Config, a, b, b_up, bias, c, residual, a_scale, b_scale):
         batch, rows = B, M
         a_scale = a_scale.reshape(-1)  # [1, M] (B = 1) -> [M]
     if (
-        (rows > SKINNY_MAX_M_8BIT or lt)
+        (rows > _ffi.constants()["gemm_skinny_max_m_fp8"] or lt)
         and jnp.dtype(a.dtype).itemsize == 1
         and not cfg.transpose_b
         and cfg.gated != "packed"
