@@ -159,6 +159,20 @@ def _k_sharded(cfg: Config, k_axes: tuple[str, ...], scatter: int | None):
     return lower
 
 
+def _claim(mesh, wanted, reserved: tuple[str, ...]) -> list:
+    """Per (PartitionSpec entry, dim size) in ``wanted``, in order: the entry when its axes divide the size and no
+    earlier dim (nor ``reserved``) took them, else None (that dim is whole)."""
+    used, axes = set(reserved), []
+    for ax, size in wanted:
+        names = _names(ax)
+        if not names or used & set(names) or size % _extent(mesh, names):
+            axes.append(None)
+            continue
+        used |= set(names)
+        axes.append(ax)
+    return axes
+
+
 def _scatter_dim(mesh, out_axes, result_spec, sizes, red_axes):
     """The output dim (in ``sizes``' order of preference) to reduce-scatter over ``red_axes``: the one the output's
     propagated sharding splits over its own axes followed by those, when they divide it; else None."""
@@ -181,16 +195,7 @@ def _partition_sum_batch(cfg: Config, mesh, arg_shapes, result_shape):
     if set(k_axes) & set(batch_axes):
         k_axes = ()
     red = batch_axes + k_axes
-    axes = []
-    used = set(red)
-    for ax, size in ((a_spec[2], M), (b_spec[2], N)):
-        names = _names(ax)
-        if not names or used & set(names) or size % _extent(mesh, names):
-            axes.append(None)
-            continue
-        used |= set(names)
-        axes.append(ax)
-    m_ax, n_ax = axes
+    m_ax, n_ax = _claim(mesh, ((a_spec[2], M), (b_spec[2], N)), red)
     out_axes = [None, m_ax, n_ax]
     scatter = None
     if red:
@@ -217,15 +222,7 @@ def _partition(cfg: Config, mesh, arg_shapes, result_shape):
     kb_dim = 2 if cfg.transpose_b and cfg.gated != "packed" else 1
     k_axes = _k_axes(mesh, a_spec[1 if cfg.transpose_a else 2], b_spec[kb_dim], K)
     wanted = ((a_spec[0], B), (a_spec[2 if cfg.transpose_a else 1], M), (b_spec[n_dim], N))
-    used: set[str] = set(k_axes)
-    axes = []
-    for ax, size in wanted:
-        names = _names(ax)
-        if not names or used & set(names) or size % _extent(mesh, names):
-            axes.append(None)
-            continue
-        used |= set(names)
-        axes.append(ax)
+    axes = _claim(mesh, wanted, k_axes)
     b_ax, m_ax, n_ax = axes
     k_ax = _entry(k_axes)
     # the output's sharding: the operands', and with a split K maybe one dim split over K's axes as well
