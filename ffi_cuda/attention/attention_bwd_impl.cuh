@@ -59,7 +59,7 @@ struct BwdSmem {
 __device__ __forceinline__ bool Visible(const AttentionParams& p, const FwdPointers& ptr, int64_t b, int64_t n,
                                         int64_t t, int64_t s, KeyRange kr) {
   if (s < kr.lo || s >= kr.hi) return false;
-  return !p.has_mask || ptr.mask[p.mask_strides.Offset(b, n, t, s)];
+  return !p.has_mask || MaskBit(ptr.mask + p.mask_strides.Offset(b, n, t, 0), s);
 }
 
 // delta and lse (log2 domain) of `rows` query rows starting at t0 into shared memory; rows past T give

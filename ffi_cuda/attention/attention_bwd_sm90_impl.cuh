@@ -388,7 +388,7 @@ __global__ void __launch_bounds__(384, 1)
       // P^T = exp2(x - lse2 of the query).
       const int64_t key = ws0 + warp * 16 + (lane >> 2);
       const LineMods mods[2] = {KeyModsOf(p, ptr, b, n, key), KeyModsOf(p, ptr, b, n, key + 8)};
-      ApplyMods<T, decltype(masked)::value, kBM / 8>(p, ptr, st, mods, lo, hi, t0, lane, scale_log2);
+      ApplyMods<T, decltype(masked)::value, kBM / 8, false>(p, ptr, st, mods, lo, hi, t0, lane, scale_log2);
 #pragma unroll
       for (int nt = 0; nt < kBM / 8; ++nt) {
         const float2 l2 = *reinterpret_cast<const float2*>(lse2 + nt * 8 + (lane & 3) * 2);
@@ -700,7 +700,7 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (kMods) {
       // Log2-domain logits with the mask and bias (-inf outside the allowed positions), then P = exp2(x - lse2).
       const LineMods mods[2] = {RowModsOf(p, ptr, b, n, rows[0]), RowModsOf(p, ptr, b, n, rows[1])};
-      ApplyMods<T, decltype(masked)::value, kBN / 8>(p, ptr, s, mods, lo, hi, s0, lane, scale_log2);
+      ApplyMods<T, decltype(masked)::value, kBN / 8, true>(p, ptr, s, mods, lo, hi, s0, lane, scale_log2);
 #pragma unroll
       for (int i = 0; i < kBN / 2; ++i) s[i] = FastExp2(s[i] - lse2[(i >> 1) & 1]);
     } else {

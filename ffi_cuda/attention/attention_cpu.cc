@@ -65,7 +65,7 @@ float Dot(const float* a, const float* b, int64_t d) {
 struct Inputs {
   const AttentionParams& p;
   std::vector<float> q, k, v, bias;
-  const uint8_t* mask = nullptr;  // PRED: one byte per element
+  const uint32_t* mask = nullptr;  // bit-packed along the keys (params.h)
   const int32_t* q_seqlen = nullptr;
   const int32_t* kv_seqlen = nullptr;
 
@@ -73,7 +73,7 @@ struct Inputs {
          const ffi::AnyBuffer& biasb, const ffi::AnyBuffer& maskb, const ffi::AnyBuffer& qs, const ffi::AnyBuffer& kvs)
       : p(params), q(ToFloat(qb)), k(ToFloat(kb)), v(ToFloat(vb)) {
     if (p.has_bias) bias = ToFloat(biasb);
-    if (p.has_mask) mask = static_cast<const uint8_t*>(maskb.untyped_data());
+    if (p.has_mask) mask = static_cast<const uint32_t*>(maskb.untyped_data());
     if (p.has_q_seqlen) q_seqlen = static_cast<const int32_t*>(qs.untyped_data());
     if (p.has_kv_seqlen) kv_seqlen = static_cast<const int32_t*>(kvs.untyped_data());
   }
@@ -86,7 +86,7 @@ struct Inputs {
 
   // The logit of (b, n, t, s) for s inside the row's KeyRange; -inf when the mask drops it.
   float Logit(int64_t b, int64_t n, int64_t t, int64_t s, const float* qrow) const {
-    if (mask && !mask[p.mask_strides.Offset(b, n, t, s)]) return kNegInf;
+    if (mask && !MaskBit(mask + p.mask_strides.Offset(b, n, t, 0), s)) return kNegInf;
     float x = p.scale * Dot(qrow, &k[p.KOffset(b, s, n / p.group)], p.head_dim);
     if (p.has_bias) x += bias[p.bias_strides.Offset(b, n, t, s)];
     return x;

@@ -27,7 +27,7 @@ FwdPointers InputPointers(const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, cons
                      k.untyped_data(),
                      v.untyped_data(),
                      bias.untyped_data(),
-                     static_cast<const bool*>(mask.untyped_data()),
+                     static_cast<const uint32_t*>(mask.untyped_data()),
                      static_cast<const int32_t*>(q_seqlen.untyped_data()),
                      static_cast<const int32_t*>(kv_seqlen.untyped_data()),
                      nullptr,

@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(FwdTraits<kHeadDim>::kThreads, 2)
           }
           if (!interior) {
             bool ok = col >= row_keys[i].lo && col < row_keys[i].hi;
-            if (ok && p.has_mask) ok = ptr.mask[p.mask_strides.Offset(b, n, rows[i], col)];
+            if (ok && p.has_mask) ok = MaskBit(ptr.mask + p.mask_strides.Offset(b, n, rows[i], 0), col);
             if (!ok) x = -INFINITY;
           }
           s[nt][e] = x;

@@ -324,7 +324,7 @@ __global__ void __launch_bounds__(384, 1)
         // Mask and bias at the allowed positions only (the others are outside the row's keys, maybe past S). The
         // row pointers are made per tile from live values: kept across the loop they would spill.
         const LineMods mods[2] = {RowModsOf(p, ptr, b, n, rows[0]), RowModsOf(p, ptr, b, n, rows[1])};
-        ApplyMods<T, decltype(masked)::value, kNT>(p, ptr, s, mods, lo, hi, s0, lane, scale_log2);
+        ApplyMods<T, decltype(masked)::value, kNT, true>(p, ptr, s, mods, lo, hi, s0, lane, scale_log2);
       } else if constexpr (decltype(masked)::value) {
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {

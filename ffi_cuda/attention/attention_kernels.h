@@ -16,7 +16,7 @@ struct FwdPointers {
   const void* k;
   const void* v;
   const void* bias;
-  const bool* mask;
+  const uint32_t* mask;  // bit-packed along the keys (params.h)
   const int32_t* q_seqlen;
   const int32_t* kv_seqlen;
   void* o;

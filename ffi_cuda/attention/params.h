@@ -7,7 +7,10 @@
 //     args   q        [B, T, N, D]      f16 | bf16 | f32
 //            k, v     [B, S, K, D]      q's dtype; N % K == 0 (G = N / K query heads per kv head)
 //            bias     [bB, bN, bT, bS]  q's dtype or f32; each dim 1 (broadcast) or full (B, N, T, S)
-//            mask     [mB, mN, mT, mS]  bool (PRED); each dim 1 or full; true = the key takes part
+//            mask     [mB, mN, mT, W]   u32, the boolean mask bit-packed along the keys: key s of line (b, n, t) is
+//                                       bit s % 32 of word s / 32; W = MaskWords(S) (whole 128-key groups, the
+//                                       bits past S zero); mB, mN, mT each 1 (broadcast) or full; set = the key
+//                                       takes part
 //            q_seqlen [B]               s32: query rows t >= q_seqlen[b] are padding
 //            kv_seqlen[B]               s32: keys s >= kv_seqlen[b] are padding
 //     attrs  scale (f32), is_causal (bool), window_left, window_right (s64, -1 = unbounded),
@@ -25,12 +28,12 @@
 //            over the bias's broadcast dims), or [B,N,T,S] f32 (dS itself, no sum: the only form the CUDA
 //            backward writes; jax_ops sums it); when has_bias is false a [1,1,1,1] f32 dummy written as 0
 //
-// Absent optional inputs (has_* = false) are passed as dummy buffers: bias [1,1,1,1] f32, mask [1,1,1,1] PRED,
+// Absent optional inputs (has_* = false) are passed as dummy buffers: bias [1,1,1,1] f32, mask [1,1,1,1] u32,
 // seq lengths [1] s32; the kernel must not read them. All buffers are dense row-major.
 //
 // Semantics (those of jax.nn.dot_product_attention, with one documented difference for empty rows):
 //   logit[b,n,t,s] = scale * <q[b,t,n,:], k[b,s,n/G,:]> + bias[b%, n%, t%, s%]      (% = 0 on broadcast dims)
-//   allowed(b,n,t,s) = mask[b%,n%,t%,s%]                              (when has_mask)
+//   allowed(b,n,t,s) = bit s of mask[b%,n%,t%]                        (when has_mask)
 //                      && t < q_seqlen[b] && s < kv_seqlen[b]         (when has_*_seqlen)
 //                      && s <= t                                      (when is_causal: top-left aligned, as
 //                                                                      jax.nn's tril(ones(T, S)) even if T != S)
@@ -72,13 +75,21 @@ inline constexpr int64_t kMaxHeadDim = 256;
 #define JAX_OPS_ATTN_HD
 #endif
 
-// Element strides of a rank-4 broadcastable operand (bias, mask) against [B, N, T, S]: 0 on broadcast dims.
+// Element strides of a rank-4 broadcastable operand (bias, mask) against [B, N, T, S]: 0 on broadcast dims. The
+// packed mask's are word strides of its lines (s = 0: a key is a bit of the line, MaskBit).
 struct BroadcastStrides {
   int64_t b = 0, n = 0, t = 0, s = 0;
   JAX_OPS_ATTN_HD int64_t Offset(int64_t ib, int64_t in, int64_t it, int64_t is) const {
     return ib * b + in * n + it * t + is * s;
   }
 };
+
+// Words per line of the packed mask for S keys: whole groups of 128 keys (16-byte lines; a 128-key tile's four
+// words always exist).
+JAX_OPS_ATTN_HD inline int64_t MaskWords(int64_t seqlen_k) { return (seqlen_k + 127) / 128 * 4; }
+
+// Key s of a packed mask line (`line` = the line's first word).
+JAX_OPS_ATTN_HD inline bool MaskBit(const uint32_t* line, int64_t s) { return (line[s >> 5] >> (s & 31)) & 1u; }
 
 struct AttentionParams {
   int64_t batch = 0;         // B
@@ -253,10 +264,17 @@ inline ffi::ErrorOr<AttentionParams> CheckAttentionArgs(const ffi::AnyBuffer& q,
       for (int i = 0; i < 4; ++i) p.bias_dims[i] = bias.dimensions()[i];
     }
     if (has_mask) {
-      JAX_OPS_RETURN_IF_ERROR(detail::CheckBroadcast4(mask, "mask", full));
-      JAX_OPS_CHECK_ARG(mask.element_type() == ffi::DataType::PRED,
-                        "mask must be bool, got " << DTypeName(mask.element_type()));
+      const int64_t words[4] = {p.batch, p.num_heads, p.seqlen_q, MaskWords(p.seqlen_k)};
+      const auto md = mask.dimensions();
+      JAX_OPS_CHECK_ARG(md.size() == 4 && md[3] == words[3], "mask (bit-packed) must have "
+                                                                 << words[3] << " words per line for " << p.seqlen_k
+                                                                 << " keys, [1|B, 1|N, 1|T, " << words[3] << "], got "
+                                                                 << ShapeString(md));
+      JAX_OPS_RETURN_IF_ERROR(detail::CheckBroadcast4(mask, "mask (bit-packed)", words));
+      JAX_OPS_CHECK_ARG(mask.element_type() == ffi::DataType::U32,
+                        "mask (bit-packed) must be uint32, got " << DTypeName(mask.element_type()));
       p.mask_strides = detail::BroadcastStridesOf(mask.dimensions());
+      p.mask_strides.s = 0;
     }
     JAX_OPS_RETURN_IF_ERROR(detail::CheckSeqlen(q_seqlen, "q_seqlen", has_q_seqlen, p.batch));
     JAX_OPS_RETURN_IF_ERROR(detail::CheckSeqlen(kv_seqlen, "kv_seqlen", has_kv_seqlen, p.batch));

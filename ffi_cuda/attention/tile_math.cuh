@@ -5,6 +5,7 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "arch/sm80/cp_async.cuh"
@@ -52,38 +53,34 @@ __device__ __forceinline__ float AddBiasLog2(float x, float bias) {
 }
 
 // The boolean mask and additive bias along one line of the [T, S] logits of one (batch, head) -- a query row
-// (RowModsOf: the forward and dQ kernels) or a key column (KeyModsOf: the dK/dV kernel) -- read per element from
-// global memory by the Hopper kernels' kMods variants (a broadcast mask or bias stays in L2): pointers at
-// position 0 of the line and the element steps along it (0 on a broadcast dim). Null pointers: no mask, no bias.
+// (RowModsOf: the forward and dQ kernels) or a key column (KeyModsOf: the dK/dV kernel) -- read from global memory
+// by the Hopper kernels' kMods variants (a broadcast mask or bias stays in L2). Along a query row the packed mask's
+// keys are the bits of consecutive words, so a 128-key tile costs a thread four word loads per row; along a key
+// column each query is one word (mask_step words apart) of which the key is bit mask_bit. Null pointers: no mask,
+// no bias.
 struct LineMods {
-  const unsigned char* mask;
-  const void* bias;
-  int64_t mask_step, bias_step;
-
-  // The log2-domain logit of raw score x at position i of the line: x * scale_log2 + bias * log2e; -inf where the
-  // mask is false (a select, so a masked key's NaN bias never reaches the softmax). BiasT: the bias's element
-  // type, void for none.
-  template <typename BiasT>
-  __device__ __forceinline__ float Logit(float x, int64_t i, float scale_log2) const {
-    x *= scale_log2;
-    if constexpr (!std::is_void_v<BiasT>)
-      x = AddBiasLog2(x, ToAcc(__ldg(static_cast<const BiasT*>(bias) + i * bias_step)));
-    if (mask != nullptr && !__ldg(mask + i * mask_step)) x = -INFINITY;
-    return x;
-  }
+  const uint32_t* mask;  // along a row: the row's packed line; along a column: word s / 32 of query 0's line
+  const void* bias;      // position 0 of the line
+  int64_t mask_step;     // along a column: words from one query's line to the next (0 on a broadcast dim)
+  int64_t bias_step;     // elements from one position to the next (0 on a broadcast dim)
+  int mask_bit;          // along a column: the key's bit of each word
+  bool bias_pairs;       // along a row: two consecutive keys' bias values are one aligned 2-element load
 };
 
 // The LineMods through element (b, n, t, s), along the keys (along_keys) or the queries.
 __device__ __forceinline__ LineMods LineModsAt(const AttentionParams& p, const FwdPointers& ptr, int64_t b, int64_t n,
                                                int64_t t, int64_t s, bool along_keys) {
   LineMods r;
-  r.mask = p.has_mask ? reinterpret_cast<const unsigned char*>(ptr.mask) + p.mask_strides.Offset(b, n, t, s) : nullptr;
-  r.mask_step = along_keys ? p.mask_strides.s : p.mask_strides.t;
+  r.mask = p.has_mask ? ptr.mask + p.mask_strides.Offset(b, n, t, 0) + (along_keys ? 0 : s >> 5) : nullptr;
+  r.mask_step = along_keys ? 0 : p.mask_strides.t;
+  r.mask_bit = static_cast<int>(s & 31);
   const int64_t bias_off = p.bias_strides.Offset(b, n, t, s);
   r.bias = !p.has_bias       ? nullptr
            : ptr.bias_is_f32 ? static_cast<const void*>(static_cast<const float*>(ptr.bias) + bias_off)
                              : static_cast<const void*>(static_cast<const unsigned char*>(ptr.bias) + 2 * bias_off);
   r.bias_step = along_keys ? p.bias_strides.s : p.bias_strides.t;
+  const uintptr_t pair_align = ptr.bias_is_f32 ? 8 : 4;
+  r.bias_pairs = along_keys && r.bias_step == 1 && reinterpret_cast<uintptr_t>(r.bias) % pair_align == 0;
   return r;
 }
 // Query row t of (b, n), clamped to [0, T) (rows past T are never read).
@@ -97,39 +94,110 @@ __device__ __forceinline__ LineMods KeyModsOf(const AttentionParams& p, const Fw
   return LineModsAt(p, ptr, b, n, 0, Min64(Max64(s, 0), p.seqlen_k - 1), false);
 }
 
+// Bias element i of a line (BiasT: f32 or the q dtype), and elements i, i + 1 of a bias_pairs line (i even).
+template <typename BiasT>
+__device__ __forceinline__ float BiasAt(const void* line, int64_t i) {
+  return ToAcc(__ldg(static_cast<const BiasT*>(line) + i));
+}
+template <typename BiasT>
+__device__ __forceinline__ float2 BiasPairAt(const void* line, int64_t i) {
+  if constexpr (std::is_same_v<BiasT, float>) {
+    return __ldg(reinterpret_cast<const float2*>(static_cast<const float*>(line) + i));
+  } else {
+    const unsigned int bits = __ldg(reinterpret_cast<const unsigned int*>(static_cast<const BiasT*>(line) + i));
+    BiasT two[2];
+    memcpy(two, &bits, sizeof(bits));
+    return make_float2(ToAcc(two[0]), ToAcc(two[1]));
+  }
+}
+
 // One S (or S^T) tile of a kMods kernel (the wgmma m64nN accumulator layout of kNT 8-column tiles: element
 // nt * 4 + e is row e >> 1 of the thread's two, column nt * 8 + (lane & 3) * 2 + (e & 1)) turned into log2-domain
-// logits; mods[i] is row i's line, whose column c sits at position x0 + c. kPositions: a boundary tile, whose
-// columns outside [lo[i], hi[i]) are -inf and not read (maybe past the line's end). BiasT: the bias's element
-// type, void without a bias.
-template <typename BiasT, bool kPositions, int kNT>
+// logits x * scale_log2 + bias * log2e, -inf where the mask is clear (a select: a masked key's NaN bias never
+// reaches the softmax); mods[i] is row i's line, whose column c sits at position x0 + c. kAlongKeys: the rows are
+// query rows (x0 a multiple of 32: the tile's mask words are loaded once per row), else key columns. kPositions: a
+// boundary tile, whose columns outside [lo[i], hi[i]) are -inf and not read (maybe past the line's end; a row's
+// mask words are whole 128-key groups, so they exist). BiasT: the bias's element type, void without a bias.
+template <typename BiasT, bool kPositions, int kNT, bool kAlongKeys>
 __device__ __forceinline__ void ModsToLogits(float* s, const LineMods (&mods)[2], const int (&lo)[2],
                                              const int (&hi)[2], int64_t x0, int lane, float scale_log2) {
+  constexpr bool kBias = !std::is_void_v<BiasT>;
+  const int c_lane = (lane & 3) * 2;
+  if constexpr (kAlongKeys) {
+    static_assert(kNT % 4 == 0 && (128 % (kNT * 8) == 0 || (kNT * 8) % 128 == 0), "tiles of whole mask words");
 #pragma unroll
-  for (int nt = 0; nt < kNT; ++nt) {
+    for (int h = 0; h < 2; ++h) {
+      uint32_t words[kNT / 4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int c = nt * 8 + (lane & 3) * 2 + (e & 1);
-      if (kPositions && (c < lo[e >> 1] || c >= hi[e >> 1])) {
-        s[nt * 4 + e] = -INFINITY;
-      } else {
-        s[nt * 4 + e] = mods[e >> 1].template Logit<BiasT>(s[nt * 4 + e], x0 + c, scale_log2);
+      for (int w = 0; w < kNT / 4; ++w) words[w] = mods[h].mask ? __ldg(mods[h].mask + (x0 >> 5) + w) : ~0u;
+      const bool pairs = kBias && !kPositions && mods[h].bias_pairs;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const int c = nt * 8 + c_lane;
+        float2 pair = make_float2(0.f, 0.f);
+        if constexpr (kBias) {
+          if (pairs) pair = BiasPairAt<BiasT>(mods[h].bias, x0 + c);
+        }
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[nt * 4 + 2 * h + e];
+          if (kPositions && (c + e < lo[h] || c + e >= hi[h])) {
+            x = -INFINITY;
+            continue;
+          }
+          float y = x * scale_log2;
+          if constexpr (kBias) {
+            const float bias =
+                pairs ? (e ? pair.y : pair.x) : BiasAt<BiasT>(mods[h].bias, (x0 + c + e) * mods[h].bias_step);
+            y = AddBiasLog2(y, bias);
+          }
+          x = (words[nt >> 2] >> ((nt & 3) * 8 + c_lane + e)) & 1u ? y : -INFINITY;
+        }
+      }
+    }
+  } else {
+    // The two key columns of a thread are usually in the same 32-key word: one load serves both.
+    const bool shared_word = mods[0].mask == mods[1].mask && mods[0].mask_step == mods[1].mask_step;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = nt * 8 + c_lane + e;
+        bool in[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) in[h] = !kPositions || (c >= lo[h] && c < hi[h]);
+        uint32_t word[2] = {~0u, ~0u};
+        if (mods[0].mask != nullptr) {
+          if (in[0]) word[0] = __ldg(mods[0].mask + (x0 + c) * mods[0].mask_step);
+          if (in[1]) word[1] = shared_word && in[0] ? word[0] : __ldg(mods[1].mask + (x0 + c) * mods[1].mask_step);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float& x = s[nt * 4 + 2 * h + e];
+          if (!in[h]) {
+            x = -INFINITY;
+            continue;
+          }
+          float y = x * scale_log2;
+          if constexpr (kBias) y = AddBiasLog2(y, BiasAt<BiasT>(mods[h].bias, (x0 + c) * mods[h].bias_step));
+          x = (word[h] >> mods[h].mask_bit) & 1u ? y : -INFINITY;
+        }
       }
     }
   }
 }
 
 // ModsToLogits with the call's bias type (a uniform branch over the three instantiations).
-template <typename T, bool kPositions, int kNT>
+template <typename T, bool kPositions, int kNT, bool kAlongKeys>
 __device__ __forceinline__ void ApplyMods(const AttentionParams& p, const FwdPointers& ptr, float* s,
                                           const LineMods (&mods)[2], const int (&lo)[2], const int (&hi)[2], int64_t x0,
                                           int lane, float scale_log2) {
   if (!p.has_bias) {
-    ModsToLogits<void, kPositions, kNT>(s, mods, lo, hi, x0, lane, scale_log2);
+    ModsToLogits<void, kPositions, kNT, kAlongKeys>(s, mods, lo, hi, x0, lane, scale_log2);
   } else if (ptr.bias_is_f32) {
-    ModsToLogits<float, kPositions, kNT>(s, mods, lo, hi, x0, lane, scale_log2);
+    ModsToLogits<float, kPositions, kNT, kAlongKeys>(s, mods, lo, hi, x0, lane, scale_log2);
   } else {
-    ModsToLogits<T, kPositions, kNT>(s, mods, lo, hi, x0, lane, scale_log2);
+    ModsToLogits<T, kPositions, kNT, kAlongKeys>(s, mods, lo, hi, x0, lane, scale_log2);
   }
 }
 

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <thread>
 #include <type_traits>
+#include <vector>
 
 #include "attention/params.h"
 
@@ -69,13 +70,27 @@ inline bool CaseMask(const Case& c, int b, int n, int t, int s) {
   return ToolMask((c.mods & 4) ? b * c.H + n : b, t, s);
 }
 
-// MakeParams with the case's mask [B, 1|H, T, S] and bias [1, H, T, S] (Case::mods).
+// The case's mask as the contract takes it: [B, 1|H, T, MaskWords(S)] words, bit-packed along the keys.
+inline std::vector<uint32_t> PackedCaseMask(const Case& c) {
+  const int heads = (c.mods & 4) ? c.H : 1;
+  const int64_t words = jax_ops::attention::MaskWords(c.S);
+  std::vector<uint32_t> packed(size_t{1} * c.B * heads * c.T * words, 0u);
+  for (int b = 0; b < c.B; ++b)
+    for (int n = 0; n < heads; ++n)
+      for (int t = 0; t < c.T; ++t)
+        for (int s = 0; s < c.S; ++s)
+          if (CaseMask(c, b, n, t, s))
+            packed[((size_t{1} * b * heads + n) * c.T + t) * words + s / 32] |= 1u << (s % 32);
+  return packed;
+}
+
+// MakeParams with the case's mask [B, 1|H, T, S] (packed: PackedCaseMask) and bias [1, H, T, S] (Case::mods).
 template <typename T>
 jax_ops::attention::AttentionParams ParamsOf(const Case& c) {
   jax_ops::attention::AttentionParams p = MakeParams<T>(c);
   p.has_mask = c.mods & 1;
-  const int64_t mask_heads = (c.mods & 4) ? c.H : 1;
-  p.mask_strides = {mask_heads * c.T * c.S, (c.mods & 4) ? int64_t{c.T} * c.S : 0, c.S, 1};
+  const int64_t mask_heads = (c.mods & 4) ? c.H : 1, words = jax_ops::attention::MaskWords(c.S);
+  p.mask_strides = {mask_heads * c.T * words, (c.mods & 4) ? int64_t{c.T} * words : 0, words, 0};
   p.has_bias = c.mods & 2;
   p.bias_strides = {0, int64_t{c.T} * c.S, c.S, 1};
   p.bias_dtype = p.dtype;

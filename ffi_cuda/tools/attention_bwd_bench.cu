@@ -115,7 +115,7 @@ struct Buffers {
   T *q, *k, *v, *o, *d_o, *dq, *dk, *dv;
   float* lse;
   int32_t *qsl, *kvsl;
-  bool* mask = nullptr;  // Case::mods bit 0: ToolMask [B, 1, T, S]
+  uint32_t* mask = nullptr;  // Case::mods bit 0: CaseMask [B, 1|H, T, S], bit-packed (PackedCaseMask)
   size_t nq, nk, nl;
 };
 
@@ -138,16 +138,9 @@ Buffers<T> Alloc(const Case& c) {
   CHECK(cudaMemcpy(b.qsl, ql.data(), 4 * c.B, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(b.kvsl, kl.data(), 4 * c.B, cudaMemcpyHostToDevice));
   if (c.mods & 1) {
-    const int heads = (c.mods & 4) ? c.H : 1;
-    const size_t nm = size_t{1} * c.B * heads * c.T * c.S;
-    std::vector<char> hm(nm);
-    for (size_t i = 0; i < nm; ++i) {
-      const size_t bn = i / (size_t{1} * c.T * c.S);
-      hm[i] = CaseMask(c, static_cast<int>(bn / heads), static_cast<int>(bn % heads), static_cast<int>(i / c.S % c.T),
-                       static_cast<int>(i % c.S));
-    }
-    CHECK(cudaMalloc(&b.mask, nm));
-    CHECK(cudaMemcpy(b.mask, hm.data(), nm, cudaMemcpyHostToDevice));
+    const std::vector<uint32_t> packed = PackedCaseMask(c);
+    CHECK(cudaMalloc(&b.mask, packed.size() * 4));
+    CHECK(cudaMemcpy(b.mask, packed.data(), packed.size() * 4, cudaMemcpyHostToDevice));
   }
   return b;
 }

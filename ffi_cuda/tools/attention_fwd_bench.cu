@@ -56,16 +56,22 @@ struct Buffers {
   T *q, *k, *v, *o;
   float* lse;
   int32_t *qsl, *kvsl;
-  bool* mask = nullptr;  // Case::mods bit 0: [B, 1, T, S]
-  T* bias = nullptr;     // Case::mods bit 1: [1, H, T, S]
+  uint32_t* mask = nullptr;  // Case::mods bit 0: [B, 1, T, S], bit-packed (PackedCaseMask)
+  T* bias = nullptr;         // Case::mods bit 1: [1, H, T, S]
   std::vector<T> hq, hk, hv, hbias;
   std::vector<char> hmask;
 };
 
-__global__ void FillToolMask(bool* mask, int B, int T, int S) {
-  const size_t n = size_t{1} * B * T * S;
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x)
-    mask[i] = ToolMask(static_cast<int>(i / (size_t{1} * T * S)), static_cast<int>(i / S % T), static_cast<int>(i % S));
+// The tool mask [B, 1, T, S] packed on the device (one thread per word), for sizes a host loop would make slow.
+__global__ void FillPackedToolMask(uint32_t* mask, int B, int T, int S, int words) {
+  const size_t n = size_t{1} * B * T * words;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    const int b = static_cast<int>(i / (size_t{1} * T * words)), t = static_cast<int>(i / words % T);
+    const int s0 = static_cast<int>(i % words) * 32;
+    uint32_t w = 0;
+    for (int j = 0; j < 32 && s0 + j < S; ++j) w |= uint32_t{ToolMask(b, t, s0 + j)} << j;
+    mask[i] = w;
+  }
 }
 
 Buffers Alloc(const Case& c, unsigned seed, bool host_copy = true) {
@@ -93,15 +99,18 @@ Buffers Alloc(const Case& c, unsigned seed, bool host_copy = true) {
   CHECK(cudaMemcpy(b.kvsl, kl.data(), 4 * c.B, cudaMemcpyHostToDevice));
   const size_t nm = size_t{1} * c.B * c.T * c.S, nb = size_t{1} * c.H * c.T * c.S;
   if (c.mods & 1) {
-    CHECK(cudaMalloc(&b.mask, nm));
+    const int words = static_cast<int>(jax_ops::attention::MaskWords(c.S));
+    const size_t nw = size_t{1} * c.B * c.T * words;
+    CHECK(cudaMalloc(&b.mask, nw * 4));
     if (host_copy) {
       b.hmask.resize(nm);
       for (int bb = 0; bb < c.B; ++bb)
         for (int t = 0; t < c.T; ++t)
           for (int s = 0; s < c.S; ++s) b.hmask[(size_t{1} * bb * c.T + t) * c.S + s] = ToolMask(bb, t, s);
-      CHECK(cudaMemcpy(b.mask, b.hmask.data(), nm, cudaMemcpyHostToDevice));
+      const std::vector<uint32_t> packed = PackedCaseMask(c);
+      CHECK(cudaMemcpy(b.mask, packed.data(), nw * 4, cudaMemcpyHostToDevice));
     } else {
-      FillToolMask<<<1024, 256>>>(b.mask, c.B, c.T, c.S);
+      FillPackedToolMask<<<1024, 256>>>(b.mask, c.B, c.T, c.S, words);
     }
   }
   if (c.mods & 2) {

@@ -12,10 +12,30 @@ from jax_ops._src.attention.heuristics import BWD_TARGET, FWD_TARGET
 from jax_ops._src.attention.validation import Config
 
 
+def mask_words(keys: int) -> int:
+    """Words per line of the packed mask (params.h MaskWords): whole groups of 128 keys."""
+    return -(-keys // 128) * 4
+
+
+def packed_mask(cfg: Config, mask, keys: int):
+    """The contract's mask operand: a bool ``[mB, mN, mT, 1|S]`` mask bit-packed along the keys into uint32
+    ``[mB, mN, mT, mask_words(S)]`` (key s = bit s % 32 of word s // 32, the bits past S clear); a dummy
+    ``[1, 1, 1, 1]`` word without a mask. One fused XLA pass reading the mask once."""
+    if not cfg.has_mask:
+        return jnp.zeros((1, 1, 1, 1), jnp.uint32)
+    lead = mask.shape[:3]
+    words = mask_words(keys)
+    bits = jnp.broadcast_to(mask, (*lead, keys))
+    bits = jnp.pad(bits, ((0, 0),) * 3 + ((0, words * 32 - keys),)).reshape(*lead, words, 32)
+    shifts = jnp.arange(32, dtype=jnp.uint32)
+    return jnp.sum(bits.astype(jnp.uint32) << shifts, axis=-1, dtype=jnp.uint32)
+
+
 def fwd_ffi(cfg: Config, q, k, v, bias, mask, qsl, kvsl):
     B, T, N, _ = q.shape
     out = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((B, N, T), jnp.float32))
-    return tuple(_ffi.ffi_call(FWD_TARGET, out, q, k, v, bias, mask, qsl, kvsl, **cfg.fwd_attrs()))
+    words = packed_mask(cfg, mask, k.shape[1])
+    return tuple(_ffi.ffi_call(FWD_TARGET, out, q, k, v, bias, words, qsl, kvsl, **cfg.fwd_attrs()))
 
 
 def writes_dbias_scores(cfg: Config) -> bool:
@@ -36,8 +56,9 @@ def bwd_ffi(cfg: Config, q, k, v, bias, mask, qsl, kvsl, o, lse, do):
         jax.ShapeDtypeStruct(v.shape, v.dtype),
         db,
     )
+    words = packed_mask(cfg, mask, k.shape[1])
     dq, dk, dv, db = _ffi.ffi_call(
-        BWD_TARGET, out, q, k, v, bias, mask, qsl, kvsl, o, lse, do, **cfg.bwd_attrs()
+        BWD_TARGET, out, q, k, v, bias, words, qsl, kvsl, o, lse, do, **cfg.bwd_attrs()
     )
     if scores:
         axes = tuple(i for i in range(4) if bias.shape[i] == 1 and full[i] > 1)
