@@ -175,11 +175,12 @@ def _time_torch(run, torch) -> float:
     return statistics.median(times)
 
 
-def _make_fn(causal: bool, implementation, bwd: bool, bias=None, mask=None, kvl=None):
-    """The timed function f(q, k, v, bias): forward, or forward+backward (grads of q, k, v and the bias).
-    ``implementation``: "cudnn" (jax.nn), "ffi" / "xla" (jax_ops), or a peer's f(q, k, v, bias, mask, kvl)."""
+def _make_fn(causal: bool, implementation, bwd: bool, bias=None, kvl=None):
+    """The timed function f(q, k, v, bias, mask): forward, or forward+backward (grads of q, k, v and the bias).
+    The mask is an operand, not a constant XLA would fold at compile time. ``implementation``: "cudnn" (jax.nn),
+    "ffi" / "xla" (jax_ops), or a peer's f(q, k, v, bias, mask, kvl)."""
 
-    def fwd(q, k, v, bias):
+    def fwd(q, k, v, bias, mask):
         if callable(implementation):
             return implementation(q, k, v, bias, mask, kvl)
         kw = dict(is_causal=causal, key_value_seq_lengths=kvl)
@@ -190,12 +191,14 @@ def _make_fn(causal: bool, implementation, bwd: bool, bias=None, mask=None, kvl=
     if not bwd:
         return fwd
     argnums = (0, 1, 2) if bias is None else (0, 1, 2, 3)
-    return jax.grad(lambda q, k, v, bias: jnp.sum(fwd(q, k, v, bias).astype(jnp.float32)), argnums)
+    return jax.grad(
+        lambda q, k, v, bias, mask: jnp.sum(fwd(q, k, v, bias, mask).astype(jnp.float32)), argnums
+    )
 
 
 def _make_step(fn, bwd: bool):
-    def step(carry, k, v, bias):
-        out = fn(carry, k, v, bias)
+    def step(carry, k, v, bias, mask):
+        out = fn(carry, k, v, bias, mask)
         if bwd:  # dq feeds the carry; every other gradient is consumed through a scalar (none is dead code)
             dq, *others = out
             out = dq + sum(jnp.mean(g.astype(jnp.float32)) for g in others).astype(dq.dtype)
@@ -223,7 +226,7 @@ def run(ctx) -> list[dict]:
         kv_bytes = 2 * B * N * K * D * jnp.dtype(dt).itemsize
         # the fp32 reference: jax_ops' jnp path (dense, or in blocks when large), the same semantics
         f32 = [x.astype(jnp.float32) if x is not None else None for x in (q, k, v, bias)]
-        ref = jax.jit(_make_fn(c["causal"], "xla", False, f32[3], mask, kvl))(*f32)
+        ref = jax.jit(_make_fn(c["causal"], "xla", False, f32[3], kvl))(*f32, mask)
         # (row name, implementation): ours, jax.nn's cuDNN and XLA paths, the peers that import (GPU)
         impls = [("jax_ops", "ffi"), ("cudnn", "cudnn"), ("xla", _jax_nn_xla(c["causal"]))]
         impls = impls if on_gpu else [impls[0], impls[2]]
@@ -235,7 +238,7 @@ def run(ctx) -> list[dict]:
             times: dict[str, float | None] = {}
             for impl, implementation in impls:
                 row = {"case": name, "mode": mode, "impl": impl, "time_us": None}
-                fn = _make_fn(c["causal"], implementation, bwd, bias, mask, kvl)
+                fn = _make_fn(c["causal"], implementation, bwd, bias, kvl)
                 if impl == "jax_ops" and not have_ours:
                     row["note"] = "no CUDA attention target in this build (built without CUDA)"
                     rows.append(row)
@@ -244,14 +247,14 @@ def run(ctx) -> list[dict]:
                     row["note"] = "skipped in --quick (the XLA target is measured at N = 4096)"
                     rows.append(row)
                     continue
-                temp = compiled_temp_bytes(fn, q, k, v, bias)
+                temp = compiled_temp_bytes(fn, q, k, v, bias, mask)
                 if impl == "xla" and (temp is None or temp > XLA_TEMP_LIMIT):
                     held = "unknown" if temp is None else f"{temp / 2**30:.1f} GiB"
                     row["note"] = f"skipped: XLA temp memory {held} > 20 GiB (or it did not compile)"
                     rows.append(row)
                     continue
                 try:
-                    t = time_loop(_make_step(fn, bwd), q, k, v, bias)
+                    t = time_loop(_make_step(fn, bwd), q, k, v, bias, mask)
                 except Exception as e:  # noqa: BLE001 - e.g. cuDNN or a peer refusing a shape
                     row["note"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
                     rows.append(row)
@@ -261,7 +264,7 @@ def run(ctx) -> list[dict]:
                 if c.get("fwd_only"):
                     row["kv_GBps"] = kv_bytes / t / 1e9
                 if not bwd:
-                    out = jax.jit(fn)(q, k, v, bias)
+                    out = jax.jit(fn)(q, k, v, bias, mask)
                     row["max_abs_err"] = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref)))
                     row["rel_l2_err"] = rel_l2(out, ref)
                 rows.append(row)
