@@ -50,12 +50,18 @@ inline const char* SkinnyRefusal(const KernelArgs& args) {
 // The cluster split S of the skinny kernel's K range (1, 2, 4 or 8 CTAs per column tile, reduced in fixed order
 // through distributed shared memory): the largest that keeps the grid within one wave of resident CTAs (a second,
 // partial wave would leave bandwidth idle) and gives every warp kSkinnyMinChunksPerWarp chunks. ctas: the grid
-// without splitting; warps_per_split: the warps that share one CTA's K range; max_split: what fits this device.
-inline int SkinnySplit(int64_t ctas, int64_t k_chunks, int warps_per_split, int64_t resident_ctas, int max_split) {
-  int s = 1;
-  while (2 * s <= max_split && ctas * 2 * s <= resident_ctas &&
-         k_chunks >= int64_t{2} * s * warps_per_split * kSkinnyMinChunksPerWarp)
+// without splitting; warps_per_split: the warps that share one CTA's K range; resident_ctas[i]: the CTAs this device
+// holds at once in clusters of 2^i (a GPC places whole clusters, so fewer than the SMs' slots; 0: that size does not
+// fit).
+inline constexpr int kSkinnySplitSizes = 4;  // 1, 2, 4, 8 = kSkinnyMaxSplit
+inline int SkinnySplit(int64_t ctas, int64_t k_chunks, int warps_per_split,
+                       const int64_t (&resident_ctas)[kSkinnySplitSizes]) {
+  int s = 1, i = 0;
+  while (i + 1 < kSkinnySplitSizes && ctas * 2 * s <= resident_ctas[i + 1] &&
+         k_chunks >= int64_t{2} * s * warps_per_split * kSkinnyMinChunksPerWarp) {
     s *= 2;
+    ++i;
+  }
   return s;
 }
 

@@ -371,17 +371,18 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<TW, kMT>) SkinnyKernel(co
 }
 
 // Per device and instantiation: the dynamic shared memory (the slots, plus the receive buffer where clusters can
-// run: sm_90a machine code on an sm_90 device), resident CTAs per SM, and the largest cluster split that fits.
+// run: sm_90a machine code on an sm_90 device), resident CTAs per SM, and the CTAs resident at once per cluster size.
 // Asked once (thread-safe). ctas_per_sm == 0: the kernel cannot run here (too little shared memory, or machine code
 // older than min_binary: fp8 mma needs sm_89).
 struct Fit {
   int smem_bytes = 0;
   int ctas_per_sm = 0;
   int max_split = 1;
+  int64_t resident_ctas[kSkinnySplitSizes] = {};  // [i]: in clusters of 2^i CTAs (0: that size cannot run)
 };
 
 template <typename TW, int kMT, typename Kernel>
-Fit QueryFit(Kernel kernel) {
+Fit QueryFit(Kernel kernel, int num_sms) {
   static std::mutex mu;
   static std::map<std::pair<int, const void*>, Fit> cache;
   int dev = 0, cc_major = 0;
@@ -405,7 +406,8 @@ Fit QueryFit(Kernel kernel) {
     cudaGetLastError();
     fit.ctas_per_sm = 0;
   }
-  for (int s = 2; clusters && fit.ctas_per_sm > 0 && s <= kSkinnyMaxSplit; s *= 2) {
+  fit.resident_ctas[0] = int64_t{fit.ctas_per_sm} * std::max(num_sms, 1);
+  for (int i = 1, s = 2; clusters && fit.ctas_per_sm > 0 && s <= kSkinnyMaxSplit; ++i, s *= 2) {
     const ClusterLaunch launch(dim3(s * 64), dim3(kThreads), fit.smem_bytes, nullptr, s);
     int active = 0;
     if (cudaOccupancyMaxActiveClusters(&active, kernel, &launch.config) != cudaSuccess) {
@@ -414,6 +416,7 @@ Fit QueryFit(Kernel kernel) {
     }
     if (active == 0) break;
     fit.max_split = s;
+    fit.resident_ctas[i] = int64_t{active} * s;
   }
   cache.emplace(key, fit);
   return fit;
@@ -427,7 +430,7 @@ template <typename TW, typename TX, typename TO, int kMT>
 cudaError_t Launch(const KernelArgs& p, int num_sms, int forced_split, cudaStream_t stream, int* used_split) {
   using G = Geometry<TW>;
   const auto kernel = SkinnyKernel<TW, TX, TO, kMT>;
-  const Fit fit = QueryFit<TW, kMT>(kernel);
+  const Fit fit = QueryFit<TW, kMT>(kernel, num_sms);
   if (fit.ctas_per_sm == 0) return cudaErrorNotSupported;
   const int64_t tiles = (p.n + G::kTileCols - 1) / G::kTileCols, rows = std::min<int64_t>(p.batch, kMaxGridY);
   const int warps_per_split = p.gated != Gated::kNone ? kWarps / 2 : kWarps;
@@ -436,8 +439,7 @@ cudaError_t Launch(const KernelArgs& p, int num_sms, int forced_split, cudaStrea
     if (forced_split > fit.max_split || (forced_split & (forced_split - 1))) return cudaErrorNotSupported;
     cfg.split = forced_split;
   } else {
-    cfg.split = SkinnySplit(tiles * rows, (p.k + G::kChunk - 1) / G::kChunk, warps_per_split,
-                            int64_t{fit.ctas_per_sm} * std::max(num_sms, 1), fit.max_split);
+    cfg.split = SkinnySplit(tiles * rows, (p.k + G::kChunk - 1) / G::kChunk, warps_per_split, fit.resident_ctas);
   }
   if (used_split) *used_split = cfg.split;
   if (tiles * cfg.split > 0x7fffffff) return cudaErrorInvalidValue;

@@ -3,7 +3,7 @@
 // through the handler's own body (gemm/dispatch.h RunGemm: MakeProblem, FoldBatch, ChoosePlan, launch) on XLA FFI
 // buffer views of device memory, against an fp64 host reference.
 // Built by ffi_cuda/tools/CMakeLists.txt (-DJAX_OPS_TOOLS=ON) into <build>/bin/gemm_bench.
-// Usage: gemm_bench [small|time|sm90|cublaslt|all]
+// Usage: gemm_bench [small|time|skinny|sm90|cublaslt|all]
 //   small: every plan on small odd shapes (M 1/17/64/129, N 17/256/1000, K 0/1/17/64/1000), gated and not,
 //          transposes, batch broadcast, bias/c/residual/scales/preact, every dtype the plan takes; the skinny kernel
 //          also with every cluster split (deterministic: two runs bit-equal), unaligned operands and batch folding.
@@ -14,7 +14,7 @@
 //          the SIMT kernel on f32/f64/bf16 cubes; the sm90 and cublaslt plans on large plain and bias+GELU shapes
 //          where they run.
 //          Every timed configuration is also checked on sampled elements against fp64.
-//   sm90 [i] / cublaslt [i]: that plan's part of time alone (only its i-th shape when given).
+//   skinny / sm90 [i] / cublaslt [i]: that plan's part of time alone (only its i-th shape when given).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -878,6 +878,8 @@ void TimeSkinny(double copy_tbps) {
                           {16, 11008, 4096, Gated::kNone},
                           {64, 11008, 4096, Gated::kNone},
                           {4, 14336, 8192, Gated::kNone},
+                          {1, 4096, 4096, Gated::kSeparate},
+                          {16, 4096, 4096, Gated::kSeparate},
                           {1, 11008, 4096, Gated::kSeparate},
                           {16, 11008, 4096, Gated::kSeparate},
                           {16, 11008, 4096, Gated::kPacked},
@@ -918,6 +920,22 @@ void TimeSkinny(double copy_tbps) {
         std::printf(" rule S=%d %7.1f us %5.2f TB/s (%3.0f%% of copy) |", rule_split, us, tbps, 100 * tbps / copy_tbps);
       else
         std::printf(" S=%d %.1f", split, us);
+    }
+    {  // one weight copy, read again every launch: L2-resident where it fits (what a jit loop over one layer sees)
+      Timed hot(c, 0);
+      std::printf(" | one copy:");
+      for (int split : {0, 1, 2, 4, 8}) {
+        if (split && LaunchSkinnyWithSplit(hot.args, g_sms, split, nullptr, nullptr) != cudaSuccess) {
+          cudaGetLastError();
+          continue;
+        }
+        const double us =
+            MedianUs([&](int) { CHECK(LaunchSkinnyWithSplit(hot.args, g_sms, split, nullptr, nullptr)); }, 20);
+        if (split == 0)
+          std::printf(" rule %.1f us", us);
+        else
+          std::printf(" S=%d %.1f", split, us);
+      }
     }
     const double err = t.SampledError(Plan::kSkinny, 0);
     std::printf(" | err %.1e\n", err);
@@ -992,12 +1010,16 @@ int main(int argc, char** argv) {
     TimeTiled(Plan::kCublasLt);
     ok &= g_time_ok;
   }
+  if (!std::strcmp(mode, "skinny")) {
+    TimeSkinny(CopyTbps(size_t{1} << 30));
+    ok &= g_time_ok;
+  }
   const int only = argc > 2 ? std::atoi(argv[2]) : -1;
   if (!std::strcmp(mode, "sm90")) TimeTiled(Plan::kSm90, only);
   if (!std::strcmp(mode, "cublaslt")) TimeTiled(Plan::kCublasLt, only);
-  if (!all && std::strcmp(mode, "small") && std::strcmp(mode, "time") && std::strcmp(mode, "sm90") &&
-      std::strcmp(mode, "cublaslt")) {
-    std::printf("usage: gemm_bench [small|time|sm90|cublaslt|all]\n");
+  if (!all && std::strcmp(mode, "small") && std::strcmp(mode, "time") && std::strcmp(mode, "skinny") &&
+      std::strcmp(mode, "sm90") && std::strcmp(mode, "cublaslt")) {
+    std::printf("usage: gemm_bench [small|time|skinny|sm90|cublaslt|all]\n");
     return 2;
   }
   std::printf("%s\n", ok ? "ALL OK" : "FAILURES");
