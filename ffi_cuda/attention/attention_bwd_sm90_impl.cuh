@@ -388,7 +388,7 @@ __global__ void __launch_bounds__(384, 1)
       // P^T = exp2(x - lse2 of the query).
       const int64_t key = ws0 + warp * 16 + (lane >> 2);
       const LineMods mods[2] = {KeyModsOf(p, ptr, b, n, key), KeyModsOf(p, ptr, b, n, key + 8)};
-      ApplyMods<T, decltype(masked)::value, kBM / 8, false>(p, ptr, st, mods, lo, hi, t0, lane, scale_log2);
+      ApplyKeyMods<T, decltype(masked)::value, kBM / 8>(p, ptr, st, mods, lo, hi, t0, lane, scale_log2);
 #pragma unroll
       for (int nt = 0; nt < kBM / 8; ++nt) {
         const float2 l2 = *reinterpret_cast<const float2*>(lse2 + nt * 8 + (lane & 3) * 2);
@@ -507,7 +507,7 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-// One dS tile (the wgmma m64nN accumulator layout, as ModsToLogits) into dS [B, N, T, S] f32 at rows `rows` of
+// One dS tile (the wgmma m64nN accumulator layout, as RowModsToLogits) into dS [B, N, T, S] f32 at rows `rows` of
 // (b, n) and keys s0 + column; rows past T and keys past S are skipped.
 template <int kNT>
 __device__ __forceinline__ void StoreScores(const AttentionParams& p, float* ds_out, const float* ds, int64_t b,
@@ -687,7 +687,7 @@ __global__ void __launch_bounds__(384, 1)
     WgmmaCommit();
   };
   // P in place of S; key column c = nt * 8 + (lane & 3) * 2 + (e & 1) is allowed for row i when lo[i] <= c < hi[i].
-  auto probs = [&](int j, auto masked) {
+  auto probs = [&](int j, const RowMaskWords<kBN / 8>& words, auto masked) {
     const int64_t s0 = int64_t{tile_lo + j} * kBN;
     int lo[2] = {0, 0}, hi[2] = {kBN, kBN};
     if constexpr (decltype(masked)::value) {
@@ -700,7 +700,7 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (kMods) {
       // Log2-domain logits with the mask and bias (-inf outside the allowed positions), then P = exp2(x - lse2).
       const LineMods mods[2] = {RowModsOf(p, ptr, b, n, rows[0]), RowModsOf(p, ptr, b, n, rows[1])};
-      ApplyMods<T, decltype(masked)::value, kBN / 8, true>(p, ptr, s, mods, lo, hi, s0, lane, scale_log2);
+      ApplyRowMods<T, decltype(masked)::value, kBN / 8>(p, ptr, s, mods, words, lo, hi, s0, lane, scale_log2);
 #pragma unroll
       for (int i = 0; i < kBN / 2; ++i) s[i] = FastExp2(s[i] - lse2[(i >> 1) & 1]);
     } else {
@@ -736,13 +736,18 @@ __global__ void __launch_bounds__(384, 1)
         FenceRegs(acc_dq);
         release(j - 1);
       }
+      const int64_t s0 = int64_t{tile_lo + j} * kBN;
+      RowMaskWords<kBN / 8> words{};  // kMods: tile j's mask words (and bias lines into L1), under the S wgmma
+      if constexpr (kMods) {
+        const LineMods mods[2] = {RowModsOf(p, ptr, b, n, rows[0]), RowModsOf(p, ptr, b, n, rows[1])};
+        words = PrefetchRowMods<T, kBN / 8>(p, ptr, mods, s0, lane);
+      }
       WgmmaWait<1>();
       FenceRegs(s);
-      const int64_t s0 = int64_t{tile_lo + j} * kBN;
       if (s0 >= inner.lo && s0 + kBN <= inner.hi) {
-        probs(j, std::false_type{});
+        probs(j, words, std::false_type{});
       } else {
-        probs(j, std::true_type{});
+        probs(j, words, std::true_type{});
       }
       WgmmaWait<0>();
       FenceRegs(dp);

@@ -304,7 +304,7 @@ __global__ void __launch_bounds__(384, 1)
     // masked (std::true_type / std::false_type): a boundary tile, whose elements need the position test. Two
     // instantiations behind a uniform branch (softmax_tile), so interior tiles carry no masking code: written as one
     // body, the compiler if-converts the test into ~200 predicated instructions per tile on every tile.
-    auto softmax = [&](int j, float (&corr)[2], auto masked) {
+    auto softmax = [&](int j, float (&corr)[2], const RowMaskWords<kNT>& words, auto masked) {
       if constexpr (kDiag == 2) {
         corr[0] = corr[1] = 1.f;
         return;
@@ -324,7 +324,7 @@ __global__ void __launch_bounds__(384, 1)
         // Mask and bias at the allowed positions only (the others are outside the row's keys, maybe past S). The
         // row pointers are made per tile from live values: kept across the loop they would spill.
         const LineMods mods[2] = {RowModsOf(p, ptr, b, n, rows[0]), RowModsOf(p, ptr, b, n, rows[1])};
-        ApplyMods<T, decltype(masked)::value, kNT, true>(p, ptr, s, mods, lo, hi, s0, lane, scale_log2);
+        ApplyRowMods<T, decltype(masked)::value, kNT>(p, ptr, s, mods, words, lo, hi, s0, lane, scale_log2);
       } else if constexpr (decltype(masked)::value) {
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
@@ -357,13 +357,22 @@ __global__ void __launch_bounds__(384, 1)
         row_sum[i] = row_sum[i] * corr[i] + sum;
       }
     };
-    auto softmax_tile = [&](int j, float (&corr)[2]) {
+    auto softmax_tile = [&](int j, float (&corr)[2], const RowMaskWords<kNT>& words) {
       const int64_t s0 = int64_t{tile_lo + j} * kBN;
       if (s0 >= inner.lo && s0 + kBN <= inner.hi) {
-        softmax(j, corr, std::false_type{});
+        softmax(j, corr, words, std::false_type{});
       } else {
-        softmax(j, corr, std::true_type{});
+        softmax(j, corr, words, std::true_type{});
       }
+    };
+    // kMods: tile j's mask words (and its bias lines into L1), issued while its S wgmma runs.
+    auto prefetch_mods = [&](int j) {
+      RowMaskWords<kNT> words{};
+      if constexpr (kMods) {
+        const LineMods mods[2] = {RowModsOf(p, ptr, b, n, rows[0]), RowModsOf(p, ptr, b, n, rows[1])};
+        words = PrefetchRowMods<T, kNT>(p, ptr, mods, int64_t{tile_lo + j} * kBN, lane);
+      }
+      return words;
     };
     auto rescale_o_and_pack_p = [&](const float (&corr)[2]) {
 #pragma unroll
@@ -393,9 +402,10 @@ __global__ void __launch_bounds__(384, 1)
       NamedBarrier(my_turn, 256);
       issue_s(0);
       if (!(cw == 1 && num_tiles == 1)) NamedBarrierArrive(other_turn, 256);
+      RowMaskWords<kNT> words = prefetch_mods(0);
       WgmmaWait<0>();
       FenceRegs(s);
-      softmax_tile(0, corr);
+      softmax_tile(0, corr, words);
       rescale_o_and_pack_p(corr);
       for (int j = 1; j < num_tiles; ++j) {
         if (kDiag != 1 || j < kStages) MbarWait(k_full + (ring + j) % kStages, ((ring + j) / kStages) & 1);
@@ -403,9 +413,10 @@ __global__ void __launch_bounds__(384, 1)
         issue_s(j);
         issue_pv(j - 1);
         if (!(cw == 1 && j == num_tiles - 1)) NamedBarrierArrive(other_turn, 256);
+        words = prefetch_mods(j);
         WgmmaWait<1>();  // S(j) done; PV(j-1) may still run (it reads pa, untouched until it ends)
         FenceRegs(s);
-        softmax_tile(j, corr);
+        softmax_tile(j, corr, words);
         WgmmaWait<0>();
         FenceRegs(acc_o);
         release(j - 1);

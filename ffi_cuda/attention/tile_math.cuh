@@ -111,93 +111,140 @@ __device__ __forceinline__ float2 BiasPairAt(const void* line, int64_t i) {
   }
 }
 
-// One S (or S^T) tile of a kMods kernel (the wgmma m64nN accumulator layout of kNT 8-column tiles: element
-// nt * 4 + e is row e >> 1 of the thread's two, column nt * 8 + (lane & 3) * 2 + (e & 1)) turned into log2-domain
-// logits x * scale_log2 + bias * log2e, -inf where the mask is clear (a select: a masked key's NaN bias never
-// reaches the softmax); mods[i] is row i's line, whose column c sits at position x0 + c. kAlongKeys: the rows are
-// query rows (x0 a multiple of 32: the tile's mask words are loaded once per row), else key columns. kPositions: a
-// boundary tile, whose columns outside [lo[i], hi[i]) are -inf and not read (maybe past the line's end; a row's
-// mask words are whole 128-key groups, so they exist). BiasT: the bias's element type, void without a bias.
-template <typename BiasT, bool kPositions, int kNT, bool kAlongKeys>
-__device__ __forceinline__ void ModsToLogits(float* s, const LineMods (&mods)[2], const int (&lo)[2],
-                                             const int (&hi)[2], int64_t x0, int lane, float scale_log2) {
-  constexpr bool kBias = !std::is_void_v<BiasT>;
-  const int c_lane = (lane & 3) * 2;
-  if constexpr (kAlongKeys) {
-    static_assert(kNT % 4 == 0 && (128 % (kNT * 8) == 0 || (kNT * 8) % 128 == 0), "tiles of whole mask words");
+// A tile's packed mask words along a thread's two query rows (kNT / 4 words of 32 keys from key x0, a multiple of
+// 32; all set without a mask). The kernels load them before waiting on the S wgmma, so the load latency hides under
+// the GEMM, and touch the tile's bias lines the same way (prefetch into L1: a row's bias is spread over a quad).
+template <int kNT>
+struct RowMaskWords {
+  uint32_t w[2][kNT / 4];
+};
+template <typename T, int kNT>
+__device__ __forceinline__ RowMaskWords<kNT> PrefetchRowMods(const AttentionParams& p, const FwdPointers& ptr,
+                                                             const LineMods (&mods)[2], int64_t x0, int lane) {
+  static_assert(kNT % 4 == 0 && (128 % (kNT * 8) == 0 || (kNT * 8) % 128 == 0), "tiles of whole mask words");
+  RowMaskWords<kNT> words;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int w = 0; w < kNT / 4; ++w) words.w[h][w] = mods[h].mask ? __ldg(mods[h].mask + (x0 >> 5) + w) : ~0u;
+  }
+  if (p.has_bias) {
+    const int line_bytes = kNT * 8 * (ptr.bias_is_f32 ? 4 : static_cast<int>(sizeof(T)));
+    const int offset = (lane & 3) * 128;  // the quad's four lanes take one 128-byte line each
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      uint32_t words[kNT / 4];
-#pragma unroll
-      for (int w = 0; w < kNT / 4; ++w) words[w] = mods[h].mask ? __ldg(mods[h].mask + (x0 >> 5) + w) : ~0u;
-      const bool pairs = kBias && !kPositions && mods[h].bias_pairs;
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        const int c = nt * 8 + c_lane;
-        float2 pair = make_float2(0.f, 0.f);
-        if constexpr (kBias) {
-          if (pairs) pair = BiasPairAt<BiasT>(mods[h].bias, x0 + c);
-        }
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[nt * 4 + 2 * h + e];
-          if (kPositions && (c + e < lo[h] || c + e >= hi[h])) {
-            x = -INFINITY;
-            continue;
-          }
-          float y = x * scale_log2;
-          if constexpr (kBias) {
-            const float bias =
-                pairs ? (e ? pair.y : pair.x) : BiasAt<BiasT>(mods[h].bias, (x0 + c + e) * mods[h].bias_step);
-            y = AddBiasLog2(y, bias);
-          }
-          x = (words[nt >> 2] >> ((nt & 3) * 8 + c_lane + e)) & 1u ? y : -INFINITY;
-        }
+      if (mods[h].bias_pairs && offset < line_bytes) {
+        const int elem = ptr.bias_is_f32 ? 4 : static_cast<int>(sizeof(T));
+        asm volatile(
+            "prefetch.global.L1 [%0];" ::"l"(static_cast<const unsigned char*>(mods[h].bias) + x0 * elem + offset));
       }
     }
-  } else {
-    // The two key columns of a thread are usually in the same 32-key word: one load serves both.
-    const bool shared_word = mods[0].mask == mods[1].mask && mods[0].mask_step == mods[1].mask_step;
+  }
+  return words;
+}
+
+// One S tile of a kMods kernel's query rows (the wgmma m64nN accumulator layout of kNT 8-column tiles: element
+// nt * 4 + e is row e >> 1 of the thread's two, column nt * 8 + (lane & 3) * 2 + (e & 1)) turned into log2-domain
+// logits x * scale_log2 + bias * log2e, -inf where the mask is clear (a select: a masked key's NaN bias never
+// reaches the softmax); mods[i] is row i's line, whose column c sits at position x0 + c (x0 a multiple of 32),
+// words its mask bits (PrefetchRowMods). kPositions: a boundary tile, whose columns outside [lo[i], hi[i]) are -inf
+// and not read (maybe past the line's end; a row's mask words are whole 128-key groups, so they exist). BiasT: the
+// bias's element type, void without a bias.
+template <typename BiasT, bool kPositions, int kNT>
+__device__ __forceinline__ void RowModsToLogits(float* s, const LineMods (&mods)[2], const RowMaskWords<kNT>& words,
+                                                const int (&lo)[2], const int (&hi)[2], int64_t x0, int lane,
+                                                float scale_log2) {
+  constexpr bool kBias = !std::is_void_v<BiasT>;
+  const int c_lane = (lane & 3) * 2;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const bool pairs = kBias && !kPositions && mods[h].bias_pairs;
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
+      const int c = nt * 8 + c_lane;
+      float2 pair = make_float2(0.f, 0.f);
+      if constexpr (kBias) {
+        if (pairs) pair = BiasPairAt<BiasT>(mods[h].bias, x0 + c);
+      }
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int c = nt * 8 + c_lane + e;
-        bool in[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) in[h] = !kPositions || (c >= lo[h] && c < hi[h]);
-        uint32_t word[2] = {~0u, ~0u};
-        if (mods[0].mask != nullptr) {
-          if (in[0]) word[0] = __ldg(mods[0].mask + (x0 + c) * mods[0].mask_step);
-          if (in[1]) word[1] = shared_word && in[0] ? word[0] : __ldg(mods[1].mask + (x0 + c) * mods[1].mask_step);
+        float& x = s[nt * 4 + 2 * h + e];
+        if (kPositions && (c + e < lo[h] || c + e >= hi[h])) {
+          x = -INFINITY;
+          continue;
         }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float& x = s[nt * 4 + 2 * h + e];
-          if (!in[h]) {
-            x = -INFINITY;
-            continue;
-          }
-          float y = x * scale_log2;
-          if constexpr (kBias) y = AddBiasLog2(y, BiasAt<BiasT>(mods[h].bias, (x0 + c) * mods[h].bias_step));
-          x = (word[h] >> mods[h].mask_bit) & 1u ? y : -INFINITY;
+        float y = x * scale_log2;
+        if constexpr (kBias) {
+          const float bias =
+              pairs ? (e ? pair.y : pair.x) : BiasAt<BiasT>(mods[h].bias, (x0 + c + e) * mods[h].bias_step);
+          y = AddBiasLog2(y, bias);
         }
+        x = (words.w[h][nt >> 2] >> ((nt & 3) * 8 + c_lane + e)) & 1u ? y : -INFINITY;
       }
     }
   }
 }
 
-// ModsToLogits with the call's bias type (a uniform branch over the three instantiations).
-template <typename T, bool kPositions, int kNT, bool kAlongKeys>
-__device__ __forceinline__ void ApplyMods(const AttentionParams& p, const FwdPointers& ptr, float* s,
-                                          const LineMods (&mods)[2], const int (&lo)[2], const int (&hi)[2], int64_t x0,
-                                          int lane, float scale_log2) {
+// The same for an S^T tile of the dK/dV kernel, whose rows are key columns (mods along the queries, x0 the tile's
+// first query): each query's mask bit is a word of its own; a thread's two keys usually share it.
+template <typename BiasT, bool kPositions, int kNT>
+__device__ __forceinline__ void KeyModsToLogits(float* s, const LineMods (&mods)[2], const int (&lo)[2],
+                                                const int (&hi)[2], int64_t x0, int lane, float scale_log2) {
+  constexpr bool kBias = !std::is_void_v<BiasT>;
+  const int c_lane = (lane & 3) * 2;
+  const bool shared_word = mods[0].mask == mods[1].mask && mods[0].mask_step == mods[1].mask_step;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int c = nt * 8 + c_lane + e;
+      bool in[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) in[h] = !kPositions || (c >= lo[h] && c < hi[h]);
+      uint32_t word[2] = {~0u, ~0u};
+      if (mods[0].mask != nullptr) {
+        if (in[0]) word[0] = __ldg(mods[0].mask + (x0 + c) * mods[0].mask_step);
+        if (in[1]) word[1] = shared_word && in[0] ? word[0] : __ldg(mods[1].mask + (x0 + c) * mods[1].mask_step);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float& x = s[nt * 4 + 2 * h + e];
+        if (!in[h]) {
+          x = -INFINITY;
+          continue;
+        }
+        float y = x * scale_log2;
+        if constexpr (kBias) y = AddBiasLog2(y, BiasAt<BiasT>(mods[h].bias, (x0 + c) * mods[h].bias_step));
+        x = (word[h] >> mods[h].mask_bit) & 1u ? y : -INFINITY;
+      }
+    }
+  }
+}
+
+// RowModsToLogits / KeyModsToLogits with the call's bias type (a uniform branch over the three instantiations).
+template <typename T, bool kPositions, int kNT>
+__device__ __forceinline__ void ApplyRowMods(const AttentionParams& p, const FwdPointers& ptr, float* s,
+                                             const LineMods (&mods)[2], const RowMaskWords<kNT>& words,
+                                             const int (&lo)[2], const int (&hi)[2], int64_t x0, int lane,
+                                             float scale_log2) {
   if (!p.has_bias) {
-    ModsToLogits<void, kPositions, kNT, kAlongKeys>(s, mods, lo, hi, x0, lane, scale_log2);
+    RowModsToLogits<void, kPositions, kNT>(s, mods, words, lo, hi, x0, lane, scale_log2);
   } else if (ptr.bias_is_f32) {
-    ModsToLogits<float, kPositions, kNT, kAlongKeys>(s, mods, lo, hi, x0, lane, scale_log2);
+    RowModsToLogits<float, kPositions, kNT>(s, mods, words, lo, hi, x0, lane, scale_log2);
   } else {
-    ModsToLogits<T, kPositions, kNT, kAlongKeys>(s, mods, lo, hi, x0, lane, scale_log2);
+    RowModsToLogits<T, kPositions, kNT>(s, mods, words, lo, hi, x0, lane, scale_log2);
+  }
+}
+template <typename T, bool kPositions, int kNT>
+__device__ __forceinline__ void ApplyKeyMods(const AttentionParams& p, const FwdPointers& ptr, float* s,
+                                             const LineMods (&mods)[2], const int (&lo)[2], const int (&hi)[2],
+                                             int64_t x0, int lane, float scale_log2) {
+  if (!p.has_bias) {
+    KeyModsToLogits<void, kPositions, kNT>(s, mods, lo, hi, x0, lane, scale_log2);
+  } else if (ptr.bias_is_f32) {
+    KeyModsToLogits<float, kPositions, kNT>(s, mods, lo, hi, x0, lane, scale_log2);
+  } else {
+    KeyModsToLogits<T, kPositions, kNT>(s, mods, lo, hi, x0, lane, scale_log2);
   }
 }
 
