@@ -57,7 +57,7 @@ inline const char* SkinnyRefusal(const KernelArgs& args) {
 inline constexpr int kSkinnySplitSizes = 4;  // 1, 2, 4, 8 = kSkinnyMaxSplit
 inline int SkinnySplit(int64_t ctas, int64_t k_chunks, int warps_per_split,
                        const int64_t (&resident_ctas)[kSkinnySplitSizes]) {
-  auto waves = [&](int i) {  // full waves of clusters of 2^i
+  auto waves = [&](int i) {  // waves of resident clusters of 2^i CTAs (the last maybe partial)
     const int64_t clusters = resident_ctas[i] >> i;
     return (ctas + clusters - 1) / clusters;
   };
