@@ -377,7 +377,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<TW, kMT>) SkinnyKernel(co
 struct Fit {
   int smem_bytes = 0;
   int ctas_per_sm = 0;
-  int max_split = 1;
   int64_t resident_ctas[kSkinnySplitSizes] = {};  // [i]: in clusters of 2^i CTAs (0: that size cannot run)
 };
 
@@ -415,7 +414,6 @@ Fit QueryFit(Kernel kernel, int num_sms) {
       break;
     }
     if (active == 0) break;
-    fit.max_split = s;
     fit.resident_ctas[i] = int64_t{active} * s;
   }
   cache.emplace(key, fit);
@@ -436,7 +434,9 @@ cudaError_t Launch(const KernelArgs& p, int num_sms, int forced_split, cudaStrea
   const int warps_per_split = p.gated != Gated::kNone ? kWarps / 2 : kWarps;
   Config cfg;
   if (forced_split > 0) {
-    if (forced_split > fit.max_split || (forced_split & (forced_split - 1))) return cudaErrorNotSupported;
+    int i = 0;
+    while (i < kSkinnySplitSizes && (1 << i) < forced_split) ++i;
+    if (i == kSkinnySplitSizes || (1 << i) != forced_split || fit.resident_ctas[i] == 0) return cudaErrorNotSupported;
     cfg.split = forced_split;
   } else {
     cfg.split = SkinnySplit(tiles * rows, (p.k + G::kChunk - 1) / G::kChunk, warps_per_split, fit.resident_ctas);

@@ -904,39 +904,34 @@ void TimeSkinny(double copy_tbps) {
                 : s.gated == Gated::kSeparate ? "swiglu"
                                               : "packed",
                 t.WeightBytes() / 1e6);
-    for (int split : {0, 1, 2, 4, 8}) {
-      if (split && LaunchSkinnyWithSplit(t.args, g_sms, split, nullptr, nullptr) != cudaSuccess) {
-        cudaGetLastError();
-        continue;
-      }
-      const double us = MedianUs(
-          [&](int i) {
-            t.Select(i);
-            CHECK(LaunchSkinnyWithSplit(t.args, g_sms, split, nullptr, nullptr));
-          },
-          20);
-      const double tbps = t.WeightBytes() / us / 1e6;
-      if (split == 0)
-        std::printf(" rule S=%d %7.1f us %5.2f TB/s (%3.0f%% of copy) |", rule_split, us, tbps, 100 * tbps / copy_tbps);
-      else
-        std::printf(" S=%d %.1f", split, us);
-    }
-    {  // one weight copy, read again every launch: L2-resident where it fits (what a jit loop over one layer sees)
-      Timed hot(c, 0);
-      std::printf(" | one copy:");
+    // The rule's split, then every split this device runs, on `timed`'s weights.
+    auto sweep = [&](Timed& timed, bool report_bandwidth) {
       for (int split : {0, 1, 2, 4, 8}) {
-        if (split && LaunchSkinnyWithSplit(hot.args, g_sms, split, nullptr, nullptr) != cudaSuccess) {
+        if (split && LaunchSkinnyWithSplit(timed.args, g_sms, split, nullptr, nullptr) != cudaSuccess) {
           cudaGetLastError();
           continue;
         }
-        const double us =
-            MedianUs([&](int) { CHECK(LaunchSkinnyWithSplit(hot.args, g_sms, split, nullptr, nullptr)); }, 20);
-        if (split == 0)
+        const double us = MedianUs(
+            [&](int i) {
+              timed.Select(i);
+              CHECK(LaunchSkinnyWithSplit(timed.args, g_sms, split, nullptr, nullptr));
+            },
+            20);
+        const double tbps = timed.WeightBytes() / us / 1e6;
+        if (split == 0 && report_bandwidth)
+          std::printf(" rule S=%d %7.1f us %5.2f TB/s (%3.0f%% of copy) |", rule_split, us, tbps,
+                      100 * tbps / copy_tbps);
+        else if (split == 0)
           std::printf(" rule %.1f us", us);
         else
           std::printf(" S=%d %.1f", split, us);
       }
-    }
+    };
+    sweep(t, true);
+    // One weight copy, read again every launch: L2-resident where it fits (what a jit loop over one layer sees).
+    Timed hot(c, 0);
+    std::printf(" | one copy:");
+    sweep(hot, false);
     const double err = t.SampledError(Plan::kSkinny, 0);
     std::printf(" | err %.1e\n", err);
     CheckSampled("skinny timing case", err, c);
