@@ -238,7 +238,10 @@ __global__ void __launch_bounds__(384, 1)
   // Cluster (kCluster, 1, 1): the ranks of one key block are consecutive in x, so blockIdx.x % kCluster is the
   // CTA's rank in the cluster (%cluster_ctarank). Causal: heavy blocks first.
   const int rank = kCluster == 1 ? 0 : static_cast<int>(blockIdx.x % kCluster);
-  const int64_t s0 = int64_t{blockIdx.x / kCluster} * kBN, kh = blockIdx.y, b = blockIdx.z;
+  // kMods: the (kv head, batch) pairs batch-fastest, so a bias or mask broadcast over the batch is shared in L2.
+  const unsigned head_batch = blockIdx.y + gridDim.y * blockIdx.z;
+  const int64_t s0 = int64_t{blockIdx.x / kCluster} * kBN;
+  const int64_t kh = kMods ? head_batch / gridDim.z : blockIdx.y, b = kMods ? head_batch % gridDim.z : blockIdx.z;
   const int heads = static_cast<int>(p.group) / kCluster;  // query heads of this CTA (the launcher checks J | G)
   const int head0 = static_cast<int>(kh * p.group) + rank * heads;  // its first one (TMA coordinates are int)
   const int wg = threadIdx.x / 128;
@@ -565,8 +568,9 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* v_full = k_full + kStages;
   uint64_t* kv_empty = v_full + kStages;
 
-  const int m_block = gridDim.x - 1 - blockIdx.x;  // heavy (late) causal blocks first
-  const int64_t n = blockIdx.y, b = blockIdx.z;
+  const int m_block = gridDim.x - 1 - blockIdx.x;                   // heavy (late) causal blocks first
+  const unsigned head_batch = blockIdx.y + gridDim.y * blockIdx.z;  // kMods: batch-fastest, as the dK/dV kernel
+  const int64_t n = kMods ? head_batch / gridDim.z : blockIdx.y, b = kMods ? head_batch % gridDim.z : blockIdx.z;
   const int64_t kh = n / p.group;
   const int64_t m0 = int64_t{m_block} * kBM;
   const int wg = threadIdx.x / 128;

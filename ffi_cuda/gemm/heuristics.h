@@ -48,26 +48,19 @@ inline const char* SkinnyRefusal(const KernelArgs& args) {
 }
 
 // The cluster split S of the skinny kernel's K range (1, 2, 4 or 8 CTAs per column tile, reduced in fixed order
-// through distributed shared memory). Its time is the waves of resident clusters the grid takes times each CTA's
-// share of K, ceil(ctas / clusters resident) / S: the split with the fewest such waves wins, the smaller on a tie
-// (each doubling adds a reduction), among those that give every warp kSkinnyMinChunksPerWarp chunks. ctas: the grid
-// without splitting; warps_per_split: the warps that share one CTA's K range; resident_ctas[i]: the CTAs this device
-// holds at once in clusters of 2^i (a GPC places whole clusters, so fewer than the SMs' slots; 0: that size does not
-// run).
+// through distributed shared memory): the largest whose grid of ctas * S CTAs fits in one wave of resident clusters
+// of S (a second, partial wave leaves bandwidth idle) and gives every warp kSkinnyMinChunksPerWarp chunks. ctas: the
+// grid without splitting; warps_per_split: the warps that share one CTA's K range; resident_ctas[i]: the CTAs this
+// device holds at once in clusters of 2^i (a GPC places whole clusters, so fewer than the SMs' slots; 0: that size
+// does not run).
 inline constexpr int kSkinnySplitSizes = 4;  // 1, 2, 4, 8 = kSkinnyMaxSplit
 inline int SkinnySplit(int64_t ctas, int64_t k_chunks, int warps_per_split,
                        const int64_t (&resident_ctas)[kSkinnySplitSizes]) {
-  auto waves = [&](int i) {  // waves of resident clusters of 2^i CTAs (the last maybe partial)
-    const int64_t clusters = resident_ctas[i] >> i;
-    return (ctas + clusters - 1) / clusters;
-  };
-  if (resident_ctas[0] <= 0) return 1;
-  int best = 0;
-  for (int i = 1; i < kSkinnySplitSizes; ++i) {
-    if ((resident_ctas[i] >> i) <= 0 || k_chunks < (int64_t{1} << i) * warps_per_split * kSkinnyMinChunksPerWarp) break;
-    if (waves(i) * (int64_t{1} << best) < waves(best) * (int64_t{1} << i)) best = i;  // waves / S, compared exactly
-  }
-  return 1 << best;
+  int i = 0;
+  while (i + 1 < kSkinnySplitSizes && ctas * (int64_t{2} << i) <= resident_ctas[i + 1] &&
+         k_chunks >= (int64_t{2} << i) * warps_per_split * kSkinnyMinChunksPerWarp)
+    ++i;
+  return 1 << i;
 }
 
 // ---------------------------------------------------------------------------------------- plan choice
