@@ -212,8 +212,7 @@ __device__ __forceinline__ bool DkDvClusterReduce(float (&acc_dk)[kHeadDim / 2],
 // so one's exponentials overlap the other's GEMMs.
 // kCluster: CTAs per cluster sharing one key block's group of query heads (1, 2 or 4; must divide the group).
 // kMods: the boolean mask (and the bias, in P only) read per element into the recomputed logits (LineMods), as
-// the forward's kMods variant, from the key-major copies (mask_by_key, bias_by_key): a key's queries are
-// consecutive bits and elements there, so a tile costs a thread two words per key, loaded under the S^T wgmma.
+// the forward's kMods variant.
 template <typename T, int kHeadDim, int kStages, bool kDvEarly, bool kPingPong, int kCluster = 1, bool kMods = false>
 __global__ void __launch_bounds__(384, 1)
     DkDvSm90Kernel(const AttentionParams p, const FwdPointers ptr, const BwdPointers bp,
@@ -375,9 +374,9 @@ __global__ void __launch_bounds__(384, 1)
     WgmmaCommit();
   };
   // P^T in place of S^T. Element (key row i, query column c): c = nt * 8 + (lane & 3) * 2 + (e & 1).
-  // masked (std::true_type): a boundary tile; query c is allowed for key i when lo[i] <= c < hi[i]. kMods: mods
-  // are the thread's two key lines of the tile's query head, words the tile's mask words (PrefetchRowMods).
-  auto probs = [&](int stage, int t0, const LineMods(&mods)[2], const RowMaskWords<kBM / 8>& words, auto masked) {
+  // masked (std::true_type): a boundary tile; query c is allowed for key i when lo[i] <= c < hi[i]. n: the query
+  // head (kMods reads its mask and bias).
+  auto probs = [&](int stage, int t0, int64_t n, auto masked) {
     const float* lse2 = s_lse + stage * kBM;
     int lo[2] = {0, 0}, hi[2] = {kBM, kBM};
     if constexpr (decltype(masked)::value) {
@@ -390,7 +389,9 @@ __global__ void __launch_bounds__(384, 1)
     if constexpr (kMods) {
       // Log2-domain logits along this thread's two key columns (-inf outside the allowed queries), then
       // P^T = exp2(x - lse2 of the query).
-      ApplyRowMods<T, decltype(masked)::value, kBM / 8>(p, ptr, st, mods, words, lo, hi, t0, lane, scale_log2);
+      const int64_t key = ws0 + warp * 16 + (lane >> 2);
+      const LineMods mods[2] = {KeyModsOf(p, ptr, b, n, key), KeyModsOf(p, ptr, b, n, key + 8)};
+      ApplyKeyMods<T, decltype(masked)::value, kBM / 8>(p, ptr, st, mods, lo, hi, t0, lane, scale_log2);
 #pragma unroll
       for (int nt = 0; nt < kBM / 8; ++nt) {
         const float2 l2 = *reinterpret_cast<const float2*>(lse2 + nt * 8 + (lane & 3) * 2);
@@ -445,22 +446,13 @@ __global__ void __launch_bounds__(384, 1)
       if (kPingPong) NamedBarrier(my_turn, 256);
       issue_s_dp(stage);
       if (kPingPong && !(cw == 1 && j == iters - 1)) NamedBarrierArrive(other_turn, 256);
-      // kMods: the two keys' lines of tile j's query head and its mask words (bias lines into L1), loaded under
-      // the S^T wgmma.
-      LineMods mods[2]{};
-      RowMaskWords<kBM / 8> words{};
-      if constexpr (kMods) {
-        const int64_t n = head0 + j / tiles, key = ws0 + warp * 16 + (lane >> 2);
-        mods[0] = KeyModsOf(p, ptr, bp, b, n, key);
-        mods[1] = KeyModsOf(p, ptr, bp, b, n, key + 8);
-        words = PrefetchRowMods<T, kBM / 8>(p, ptr, mods, t0, lane);
-      }
       WgmmaWait<1>();  // S^T(j) done
       FenceRegs(st);
+      const int64_t n = head0 + j / tiles;
       if (t0 >= inner_lo && t0 <= inner_hi - kBM) {
-        probs(stage, t0, mods, words, std::false_type{});
+        probs(stage, t0, n, std::false_type{});
       } else {
-        probs(stage, t0, mods, words, std::true_type{});
+        probs(stage, t0, n, std::true_type{});
       }
       if constexpr (kDvEarly) {
         PackAFrags<T>(pa, st);
@@ -519,25 +511,20 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 // One dS tile (the wgmma m64nN accumulator layout, as RowModsToLogits) into dS [B, N, T, S] f32 at rows `rows` of
-// (b, n) and keys s0 + column; rows past T and keys past S are skipped. A thread's two columns are one 8-byte
-// store when S is even (every row then starts 8-byte aligned), streaming: the buffer is far larger than L2.
+// (b, n) and keys s0 + column; rows past T and keys past S are skipped.
 template <int kNT>
 __device__ __forceinline__ void StoreScores(const AttentionParams& p, float* ds_out, const float* ds, int64_t b,
                                             int64_t n, const int64_t (&rows)[2], int64_t s0, int lane) {
-  const bool pairs = (p.seqlen_k & 1) == 0;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     if (rows[i] >= p.seqlen_q) continue;
     float* row = ds_out + p.LseOffset(b, n, rows[i]) * p.seqlen_k;
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
-      const int64_t s = s0 + nt * 8 + (lane & 3) * 2;
-      if (s >= p.seqlen_k) continue;
-      if (pairs) {
-        __stcs(reinterpret_cast<float2*>(row + s), make_float2(ds[nt * 4 + 2 * i], ds[nt * 4 + 2 * i + 1]));
-      } else {
-        __stcs(row + s, ds[nt * 4 + 2 * i]);
-        if (s + 1 < p.seqlen_k) __stcs(row + s + 1, ds[nt * 4 + 2 * i + 1]);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t s = s0 + nt * 8 + (lane & 3) * 2 + e;
+        if (s < p.seqlen_k) row[s] = ds[nt * 4 + 2 * i + e];
       }
     }
   }

@@ -158,16 +158,13 @@ ffi::Error AttentionFwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
 // ---------------------------------------------------------------- backward
 ffi::Error AttentionBwdCpu(ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer bias,
                            ffi::AnyBuffer mask, ffi::AnyBuffer q_seqlen, ffi::AnyBuffer kv_seqlen, ffi::AnyBuffer o,
-                           ffi::AnyBuffer lse, ffi::AnyBuffer d_o, ffi::AnyBuffer mask_by_key,
-                           ffi::AnyBuffer bias_by_key, float scale, bool is_causal, int64_t window_left,
+                           ffi::AnyBuffer lse, ffi::AnyBuffer d_o, float scale, bool is_causal, int64_t window_left,
                            int64_t window_right, bool has_bias, bool has_mask, bool has_q_seqlen, bool has_kv_seqlen,
                            bool /*portable*/, int64_t /*bwd_cluster*/, ffi::Result<ffi::AnyBuffer> dq,
                            ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                            ffi::Result<ffi::AnyBuffer> dbias) {
-  // mask_by_key and bias_by_key are checked (CheckByKeyMods) but not read: the twin indexes mask and bias directly.
-  auto params =
-      CheckBwdCall(q, k, v, bias, mask, q_seqlen, kv_seqlen, o, lse, d_o, mask_by_key, bias_by_key, scale, is_causal,
-                   window_left, window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen, *dq, *dk, *dv, *dbias);
+  auto params = CheckBwdCall(q, k, v, bias, mask, q_seqlen, kv_seqlen, o, lse, d_o, scale, is_causal, window_left,
+                             window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen, *dq, *dk, *dv, *dbias);
   if (params.has_error()) return params.error();
   const AttentionParams& p = *params;
   const Inputs in(p, q, k, v, bias, mask, q_seqlen, kv_seqlen);

@@ -155,15 +155,13 @@ cudaError_t LaunchBwdForHeadDim(cudaStream_t stream, const AttentionParams& p, c
 // the [1,1,1,1] f32 dummy, written as 0 as the contract says.
 ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                             ffi::AnyBuffer bias, ffi::AnyBuffer mask, ffi::AnyBuffer q_seqlen, ffi::AnyBuffer kv_seqlen,
-                            ffi::AnyBuffer o, ffi::AnyBuffer lse, ffi::AnyBuffer d_o, ffi::AnyBuffer mask_by_key,
-                            ffi::AnyBuffer bias_by_key, float scale, bool is_causal, int64_t window_left,
-                            int64_t window_right, bool has_bias, bool has_mask, bool has_q_seqlen, bool has_kv_seqlen,
-                            bool portable, int64_t bwd_cluster, ffi::Result<ffi::AnyBuffer> dq,
+                            ffi::AnyBuffer o, ffi::AnyBuffer lse, ffi::AnyBuffer d_o, float scale, bool is_causal,
+                            int64_t window_left, int64_t window_right, bool has_bias, bool has_mask, bool has_q_seqlen,
+                            bool has_kv_seqlen, bool portable, int64_t bwd_cluster, ffi::Result<ffi::AnyBuffer> dq,
                             ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                             ffi::Result<ffi::AnyBuffer> dbias) {
-  auto params =
-      CheckBwdCall(q, k, v, bias, mask, q_seqlen, kv_seqlen, o, lse, d_o, mask_by_key, bias_by_key, scale, is_causal,
-                   window_left, window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen, *dq, *dk, *dv, *dbias);
+  auto params = CheckBwdCall(q, k, v, bias, mask, q_seqlen, kv_seqlen, o, lse, d_o, scale, is_causal, window_left,
+                             window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen, *dq, *dk, *dv, *dbias);
   if (params.has_error()) return params.error();
   const AttentionParams& p = *params;
   JAX_OPS_CHECK_ARG(!has_bias || p.dbias_full,
@@ -182,9 +180,7 @@ ffi::Error AttentionBwdCuda(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffe
                  dq->untyped_data(),
                  dk->untyped_data(),
                  dv->untyped_data(),
-                 has_bias ? static_cast<float*>(dbias->untyped_data()) : nullptr,
-                 static_cast<const uint32_t*>(mask_by_key.untyped_data()),
-                 bias_by_key.untyped_data()};
+                 has_bias ? static_cast<float*>(dbias->untyped_data()) : nullptr};
   JAX_OPS_RETURN_IF_CUDA_ERROR(cudaMemsetAsync(dbias->untyped_data(), 0, dbias->size_bytes(), stream));
   return WithHalfType(p.dtype, [&](auto tag) {
     return LaunchBwdForHeadDim<typename decltype(tag)::type>(stream, p, ptr, bp, **dev, portable,

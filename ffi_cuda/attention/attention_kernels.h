@@ -33,8 +33,6 @@ struct BwdPointers {
   void* dk;
   void* dv;
   float* dbias = nullptr;  // with a bias: dS as [B, N, T, S] f32 (the contract's dbias_full form), zeroed first
-  const uint32_t* mask_by_key = nullptr;  // the contract's key-major mask and bias (the Hopper dK/dV kernel)
-  const void* bias_by_key = nullptr;
 };
 
 // T: __half or __nv_bfloat16; kHeadDim: 32, 64, 96, 128 or 256 (one instantiation per .cu file).

@@ -5,8 +5,7 @@
 
 // FFI bindings of the two targets, shared by the CPU twin and the CUDA handlers (the CUDA ones pass a `Bind()`
 // with the stream context first). Order as in the contract (params.h):
-//   inputs q, k, v, bias, mask, q_seqlen, kv_seqlen [, o, lse, do, mask_by_key, bias_by_key]; the attributes (the
-//   contract's, then the
+//   inputs q, k, v, bias, mask, q_seqlen, kv_seqlen [, o, lse, do]; the attributes (the contract's, then the
 //   tuning ones); results o, lse | dq, dk, dv, dbias.
 #define JAX_OPS_FFI_BUFFER_ARG .Arg<xla::ffi::AnyBuffer>()
 #define JAX_OPS_FFI_BUFFER_RET .Ret<xla::ffi::AnyBuffer>()
@@ -29,5 +28,5 @@
       JAX_OPS_FFI_BUFFER_RET
 #define JAX_OPS_ATTENTION_BWD_BINDING(BIND)                                                              \
   BIND JAX_OPS_ATTENTION_INPUTS JAX_OPS_FFI_BUFFER_ARG JAX_OPS_FFI_BUFFER_ARG JAX_OPS_FFI_BUFFER_ARG     \
-      JAX_OPS_FFI_BUFFER_ARG JAX_OPS_FFI_BUFFER_ARG JAX_OPS_ATTENTION_ATTRS JAX_OPS_ATTENTION_BWD_TUNING \
-          JAX_OPS_FFI_BUFFER_RET JAX_OPS_FFI_BUFFER_RET JAX_OPS_FFI_BUFFER_RET JAX_OPS_FFI_BUFFER_RET
+      JAX_OPS_ATTENTION_ATTRS JAX_OPS_ATTENTION_BWD_TUNING JAX_OPS_FFI_BUFFER_RET JAX_OPS_FFI_BUFFER_RET \
+          JAX_OPS_FFI_BUFFER_RET JAX_OPS_FFI_BUFFER_RET

@@ -21,13 +21,7 @@
 //            lse [B, N, T]     f32   natural-log sum of exp over the row's allowed logits
 //
 //   jax_ops_attention_bwd
-//     args   q, k, v, bias, mask, q_seqlen, kv_seqlen (as above), o [B,T,N,D], lse [B,N,T] f32, do [B,T,N,D],
-//            mask_by_key [mB, mN, mS, MaskWords(T)] u32: the same boolean mask with T and S swapped, bit-packed
-//                                       along the queries (query t of key line (b, n, s) is bit t % 32 of word
-//                                       t / 32; mS 1 or S); the dK/dV kernel reads a key's line of queries
-//            bias_by_key [bB, bN, bS, bT]  the bias with T and S swapped (its dtype)
-//            (each a [1,1,1,1] dummy of its dtype without a mask / bias; the caller builds them from the same
-//            mask and bias, the kernels cannot check that they agree)
+//     args   q, k, v, bias, mask, q_seqlen, kv_seqlen (as above), o [B,T,N,D], lse [B,N,T] f32, do [B,T,N,D]
 //     attrs  as the forward, but the tuning attributes are portable (bool) and bwd_cluster (s64: the GQA dK/dV
 //            cluster size 1, 2 or 4; -1 the rule)
 //     rets   dq [B,T,N,D], dk [B,S,K,D], dv [B,S,K,D] (q's dtype), dbias: the bias's shape and dtype (dS summed
@@ -111,9 +105,6 @@ struct AttentionParams {
   int64_t k_batch_stride = 0, k_row_stride = 0;  // S*K*D, K*D (head stride D)
 
   BroadcastStrides bias_strides, mask_strides;
-  // Backward: the key-major copies (bias_by_key, mask_by_key) against [B, N, T, S]; mask_by_key's are word
-  // strides with t = 0 (a query is a bit of its key's line).
-  BroadcastStrides bias_by_key_strides, mask_by_key_strides;
   int64_t bias_dims[4] = {1, 1, 1, 1};  // [bB, bN, bT, bS]
   bool dbias_full = false;              // backward: dbias is [B, N, T, S] f32 (dS unsummed), not the bias's shape
 
@@ -342,39 +333,6 @@ inline ffi::Error CheckBwdBuffers(AttentionParams& p, const ffi::AnyBuffer& o, c
   return CheckBuffer(dbias, "dbias (the bias's shape and dtype, or [B, N, T, S] float32)", p.bias_dims, p.bias_dtype);
 }
 
-// The backward's key-major mask and bias (mask_by_key, bias_by_key: the contract's [1,1,1,1] dummies without a
-// mask / bias); sets their strides.
-inline ffi::Error CheckByKeyMods(AttentionParams& p, const ffi::AnyBuffer& mask_by_key,
-                                 const ffi::AnyBuffer& bias_by_key) {
-  const int64_t by_key[4] = {p.batch, p.num_heads, p.seqlen_k, p.seqlen_q};
-  if (p.has_mask) {
-    const int64_t words[4] = {p.batch, p.num_heads, p.seqlen_k, MaskWords(p.seqlen_q)};
-    const auto md = mask_by_key.dimensions();
-    JAX_OPS_CHECK_ARG(md.size() == 4 && md[3] == words[3], "mask_by_key (bit-packed along the queries) must have "
-                                                               << words[3] << " words per line for " << p.seqlen_q
-                                                               << " queries, [1|B, 1|N, 1|S, " << words[3] << "], got "
-                                                               << ShapeString(md));
-    JAX_OPS_RETURN_IF_ERROR(detail::CheckBroadcast4(mask_by_key, "mask_by_key (bit-packed)", words));
-    JAX_OPS_CHECK_ARG(mask_by_key.element_type() == ffi::DataType::U32,
-                      "mask_by_key must be uint32, got " << DTypeName(mask_by_key.element_type()));
-    const BroadcastStrides st = detail::BroadcastStridesOf(md);
-    p.mask_by_key_strides = {st.b, st.n, 0, st.t};
-  }
-  if (p.has_bias) {
-    JAX_OPS_RETURN_IF_ERROR(detail::CheckBroadcast4(bias_by_key, "bias_by_key ([1|B, 1|N, 1|S, 1|T])", by_key));
-    const auto bd = bias_by_key.dimensions();
-    JAX_OPS_CHECK_ARG(
-        bd[0] == p.bias_dims[0] && bd[1] == p.bias_dims[1] && bd[2] == p.bias_dims[3] && bd[3] == p.bias_dims[2],
-        "bias_by_key has shape " << ShapeString(bd) << ", not the bias's with T and S swapped");
-    JAX_OPS_CHECK_ARG(bias_by_key.element_type() == p.bias_dtype, "bias_by_key has dtype "
-                                                                      << DTypeName(bias_by_key.element_type())
-                                                                      << " but bias has " << DTypeName(p.bias_dtype));
-    const BroadcastStrides st = detail::BroadcastStridesOf(bd);
-    p.bias_by_key_strides = {st.b, st.n, st.s, st.t};
-  }
-  return ffi::Error::Success();
-}
-
 namespace detail {
 // `params`, or its error, or the error of check(*params).
 template <typename Check>
@@ -400,21 +358,16 @@ inline ffi::ErrorOr<AttentionParams> CheckFwdCall(const ffi::AnyBuffer& q, const
                       [&](const AttentionParams& p) { return CheckFwdOutputs(p, o, lse); });
 }
 
-// The same for the backward target: then o, lse, do, dq, dk, dv and dbias (CheckBwdBuffers), and the key-major
-// mask and bias (CheckByKeyMods).
+// The same for the backward target: then o, lse, do, dq, dk, dv and dbias (CheckBwdBuffers).
 inline ffi::ErrorOr<AttentionParams> CheckBwdCall(
     const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, const ffi::AnyBuffer& bias,
     const ffi::AnyBuffer& mask, const ffi::AnyBuffer& q_seqlen, const ffi::AnyBuffer& kv_seqlen,
-    const ffi::AnyBuffer& o, const ffi::AnyBuffer& lse, const ffi::AnyBuffer& d_o, const ffi::AnyBuffer& mask_by_key,
-    const ffi::AnyBuffer& bias_by_key, float scale, bool is_causal, int64_t window_left, int64_t window_right,
-    bool has_bias, bool has_mask, bool has_q_seqlen, bool has_kv_seqlen, const ffi::AnyBuffer& dq,
-    const ffi::AnyBuffer& dk, const ffi::AnyBuffer& dv, const ffi::AnyBuffer& dbias) {
+    const ffi::AnyBuffer& o, const ffi::AnyBuffer& lse, const ffi::AnyBuffer& d_o, float scale, bool is_causal,
+    int64_t window_left, int64_t window_right, bool has_bias, bool has_mask, bool has_q_seqlen, bool has_kv_seqlen,
+    const ffi::AnyBuffer& dq, const ffi::AnyBuffer& dk, const ffi::AnyBuffer& dv, const ffi::AnyBuffer& dbias) {
   return detail::Then(CheckAttentionArgs(q, k, v, bias, mask, q_seqlen, kv_seqlen, scale, is_causal, window_left,
                                          window_right, has_bias, has_mask, has_q_seqlen, has_kv_seqlen),
-                      [&](AttentionParams& p) {
-                        ffi::Error e = CheckBwdBuffers(p, o, lse, d_o, dq, dk, dv, dbias);
-                        return e.success() ? CheckByKeyMods(p, mask_by_key, bias_by_key) : e;
-                      });
+                      [&](AttentionParams& p) { return CheckBwdBuffers(p, o, lse, d_o, dq, dk, dv, dbias); });
 }
 
 }  // namespace jax_ops::attention

@@ -52,45 +52,46 @@ __device__ __forceinline__ float AddBiasLog2(float x, float bias) {
   return (y == -INFINITY && x > -INFINITY && bias > -INFINITY) ? -FLT_MAX : y;
 }
 
-// The boolean mask and additive bias along one line of the [T, S] logits of one (batch, head), read from global
-// memory by the Hopper kernels' kMods variants (a broadcast mask or bias stays in L2): a query row along the keys
-// (RowModsOf: the forward and dQ kernels, from mask and bias) or a key column along the queries (KeyModsOf: the
-// dK/dV kernel, from the key-major mask_by_key and bias_by_key). Either way the line is the last axis of its
-// buffer: position x is bit x % 32 of the packed line's word x / 32, so a 128-position tile costs a thread four
-// word loads per line. Null pointers: no mask, no bias.
+// The boolean mask and additive bias along one line of the [T, S] logits of one (batch, head) -- a query row
+// (RowModsOf: the forward and dQ kernels) or a key column (KeyModsOf: the dK/dV kernel) -- read from global memory
+// by the Hopper kernels' kMods variants (a broadcast mask or bias stays in L2). Along a query row the packed mask's
+// keys are the bits of consecutive words, so a 128-key tile costs a thread four word loads per row; along a key
+// column each query is one word (mask_step words apart) of which the key is bit mask_bit. Null pointers: no mask,
+// no bias.
 struct LineMods {
-  const uint32_t* mask;  // the line's packed words
+  const uint32_t* mask;  // along a row: the row's packed line; along a column: word s / 32 of query 0's line
   const void* bias;      // position 0 of the line
+  int64_t mask_step;     // along a column: words from one query's line to the next (0 on a broadcast dim)
   int64_t bias_step;     // elements from one position to the next (0 on a broadcast dim)
-  bool bias_pairs;       // two consecutive positions' bias values are one aligned 2-element load
+  int mask_bit;          // along a column: the key's bit of each word
+  bool bias_pairs;       // along a row: two consecutive keys' bias values are one aligned 2-element load
 };
 
-// The line of packed words `mask_line` and of the bias elements from `bias_off` of `bias`, bias_step apart.
-__device__ __forceinline__ LineMods LineOf(const AttentionParams& p, const FwdPointers& ptr, const uint32_t* mask_line,
-                                           const void* bias, int64_t bias_off, int64_t bias_step) {
+// The LineMods through element (b, n, t, s), along the keys (along_keys) or the queries.
+__device__ __forceinline__ LineMods LineModsAt(const AttentionParams& p, const FwdPointers& ptr, int64_t b, int64_t n,
+                                               int64_t t, int64_t s, bool along_keys) {
   LineMods r;
-  r.mask = p.has_mask ? mask_line : nullptr;
+  r.mask = p.has_mask ? ptr.mask + p.mask_strides.Offset(b, n, t, 0) + (along_keys ? 0 : s >> 5) : nullptr;
+  r.mask_step = along_keys ? 0 : p.mask_strides.t;
+  r.mask_bit = static_cast<int>(s & 31);
+  const int64_t bias_off = p.bias_strides.Offset(b, n, t, s);
   r.bias = !p.has_bias       ? nullptr
-           : ptr.bias_is_f32 ? static_cast<const void*>(static_cast<const float*>(bias) + bias_off)
-                             : static_cast<const void*>(static_cast<const unsigned char*>(bias) + 2 * bias_off);
-  r.bias_step = bias_step;
+           : ptr.bias_is_f32 ? static_cast<const void*>(static_cast<const float*>(ptr.bias) + bias_off)
+                             : static_cast<const void*>(static_cast<const unsigned char*>(ptr.bias) + 2 * bias_off);
+  r.bias_step = along_keys ? p.bias_strides.s : p.bias_strides.t;
   const uintptr_t pair_align = ptr.bias_is_f32 ? 8 : 4;
-  r.bias_pairs = bias_step == 1 && reinterpret_cast<uintptr_t>(r.bias) % pair_align == 0;
+  r.bias_pairs = along_keys && r.bias_step == 1 && reinterpret_cast<uintptr_t>(r.bias) % pair_align == 0;
   return r;
 }
 // Query row t of (b, n), clamped to [0, T) (rows past T are never read).
 __device__ __forceinline__ LineMods RowModsOf(const AttentionParams& p, const FwdPointers& ptr, int64_t b, int64_t n,
                                               int64_t t) {
-  t = Min64(Max64(t, 0), p.seqlen_q - 1);
-  return LineOf(p, ptr, ptr.mask + p.mask_strides.Offset(b, n, t, 0), ptr.bias, p.bias_strides.Offset(b, n, t, 0),
-                p.bias_strides.s);
+  return LineModsAt(p, ptr, b, n, Min64(Max64(t, 0), p.seqlen_q - 1), 0, true);
 }
 // Key column s of (b, n), clamped to [0, S) (keys past S are never read).
-__device__ __forceinline__ LineMods KeyModsOf(const AttentionParams& p, const FwdPointers& ptr, const BwdPointers& bp,
-                                              int64_t b, int64_t n, int64_t s) {
-  s = Min64(Max64(s, 0), p.seqlen_k - 1);
-  return LineOf(p, ptr, bp.mask_by_key + p.mask_by_key_strides.Offset(b, n, 0, s), bp.bias_by_key,
-                p.bias_by_key_strides.Offset(b, n, 0, s), p.bias_by_key_strides.t);
+__device__ __forceinline__ LineMods KeyModsOf(const AttentionParams& p, const FwdPointers& ptr, int64_t b, int64_t n,
+                                              int64_t s) {
+  return LineModsAt(p, ptr, b, n, 0, Min64(Max64(s, 0), p.seqlen_k - 1), false);
 }
 
 // Bias element i of a line (BiasT: f32 or the q dtype), and elements i, i + 1 of a bias_pairs line (i even).
@@ -110,10 +111,9 @@ __device__ __forceinline__ float2 BiasPairAt(const void* line, int64_t i) {
   }
 }
 
-// A tile's packed mask words along a thread's two lines (query rows; key columns in the dK/dV kernel): kNT / 4
-// words of 32 positions from position x0, a multiple of 32; all set without a mask. The kernels load them before
-// waiting on the S wgmma, so the load latency hides under the GEMM, and touch the tile's bias lines the same way
-// (prefetch into L1: a line's bias is spread over a quad).
+// A tile's packed mask words along a thread's two query rows (kNT / 4 words of 32 keys from key x0, a multiple of
+// 32; all set without a mask). The kernels load them before waiting on the S wgmma, so the load latency hides under
+// the GEMM, and touch the tile's bias lines the same way (prefetch into L1: a row's bias is spread over a quad).
 template <int kNT>
 struct RowMaskWords {
   uint32_t w[2][kNT / 4];
@@ -143,9 +143,8 @@ __device__ __forceinline__ RowMaskWords<kNT> PrefetchRowMods(const AttentionPara
   return words;
 }
 
-// One S tile of a kMods kernel (S^T in the dK/dV kernel: its rows are keys; the wgmma m64nN accumulator layout of
-// kNT 8-column tiles: element nt * 4 + e is row e >> 1 of the thread's two, column nt * 8 + (lane & 3) * 2 +
-// (e & 1)) turned into log2-domain
+// One S tile of a kMods kernel's query rows (the wgmma m64nN accumulator layout of kNT 8-column tiles: element
+// nt * 4 + e is row e >> 1 of the thread's two, column nt * 8 + (lane & 3) * 2 + (e & 1)) turned into log2-domain
 // logits x * scale_log2 + bias * log2e, -inf where the mask is clear (a select: a masked key's NaN bias never
 // reaches the softmax); mods[i] is row i's line, whose column c sits at position x0 + c (x0 a multiple of 32),
 // words its mask bits (PrefetchRowMods). kPositions: a boundary tile, whose columns outside [lo[i], hi[i]) are -inf
@@ -186,7 +185,43 @@ __device__ __forceinline__ void RowModsToLogits(float* s, const LineMods (&mods)
   }
 }
 
-// RowModsToLogits with the call's bias type (a uniform branch over the three instantiations).
+// The same for an S^T tile of the dK/dV kernel, whose rows are key columns (mods along the queries, x0 the tile's
+// first query): each query's mask bit is a word of its own; a thread's two keys usually share it.
+template <typename BiasT, bool kPositions, int kNT>
+__device__ __forceinline__ void KeyModsToLogits(float* s, const LineMods (&mods)[2], const int (&lo)[2],
+                                                const int (&hi)[2], int64_t x0, int lane, float scale_log2) {
+  constexpr bool kBias = !std::is_void_v<BiasT>;
+  const int c_lane = (lane & 3) * 2;
+  const bool shared_word = mods[0].mask == mods[1].mask && mods[0].mask_step == mods[1].mask_step;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int c = nt * 8 + c_lane + e;
+      bool in[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) in[h] = !kPositions || (c >= lo[h] && c < hi[h]);
+      uint32_t word[2] = {~0u, ~0u};
+      if (mods[0].mask != nullptr) {
+        if (in[0]) word[0] = __ldg(mods[0].mask + (x0 + c) * mods[0].mask_step);
+        if (in[1]) word[1] = shared_word && in[0] ? word[0] : __ldg(mods[1].mask + (x0 + c) * mods[1].mask_step);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float& x = s[nt * 4 + 2 * h + e];
+        if (!in[h]) {
+          x = -INFINITY;
+          continue;
+        }
+        float y = x * scale_log2;
+        if constexpr (kBias) y = AddBiasLog2(y, BiasAt<BiasT>(mods[h].bias, (x0 + c) * mods[h].bias_step));
+        x = (word[h] >> mods[h].mask_bit) & 1u ? y : -INFINITY;
+      }
+    }
+  }
+}
+
+// RowModsToLogits / KeyModsToLogits with the call's bias type (a uniform branch over the three instantiations).
 template <typename T, bool kPositions, int kNT>
 __device__ __forceinline__ void ApplyRowMods(const AttentionParams& p, const FwdPointers& ptr, float* s,
                                              const LineMods (&mods)[2], const RowMaskWords<kNT>& words,
@@ -200,6 +235,19 @@ __device__ __forceinline__ void ApplyRowMods(const AttentionParams& p, const Fwd
     RowModsToLogits<T, kPositions, kNT>(s, mods, words, lo, hi, x0, lane, scale_log2);
   }
 }
+template <typename T, bool kPositions, int kNT>
+__device__ __forceinline__ void ApplyKeyMods(const AttentionParams& p, const FwdPointers& ptr, float* s,
+                                             const LineMods (&mods)[2], const int (&lo)[2], const int (&hi)[2],
+                                             int64_t x0, int lane, float scale_log2) {
+  if (!p.has_bias) {
+    KeyModsToLogits<void, kPositions, kNT>(s, mods, lo, hi, x0, lane, scale_log2);
+  } else if (ptr.bias_is_f32) {
+    KeyModsToLogits<float, kPositions, kNT>(s, mods, lo, hi, x0, lane, scale_log2);
+  } else {
+    KeyModsToLogits<T, kPositions, kNT>(s, mods, lo, hi, x0, lane, scale_log2);
+  }
+}
+
 // Copies `rows` x kHeadDim elements (row stride `stride` elements) into a swizzled tile; rows >= `valid` are
 // zero-filled (never read from global memory).
 template <typename Tr, typename T>

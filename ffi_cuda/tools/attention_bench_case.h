@@ -70,21 +70,17 @@ inline bool CaseMask(const Case& c, int b, int n, int t, int s) {
   return ToolMask((c.mods & 4) ? b * c.H + n : b, t, s);
 }
 
-// The case's mask as the contract takes it: [B, 1|H, T, MaskWords(S)] words, bit-packed along the keys; by_key:
-// the backward's mask_by_key, [B, 1|H, S, MaskWords(T)] words bit-packed along the queries.
-inline std::vector<uint32_t> PackedCaseMask(const Case& c, bool by_key = false) {
+// The case's mask as the contract takes it: [B, 1|H, T, MaskWords(S)] words, bit-packed along the keys.
+inline std::vector<uint32_t> PackedCaseMask(const Case& c) {
   const int heads = (c.mods & 4) ? c.H : 1;
-  const int lines = by_key ? c.S : c.T, bits = by_key ? c.T : c.S;
-  const int64_t words = jax_ops::attention::MaskWords(bits);
-  std::vector<uint32_t> packed(size_t{1} * c.B * heads * lines * words, 0u);
+  const int64_t words = jax_ops::attention::MaskWords(c.S);
+  std::vector<uint32_t> packed(size_t{1} * c.B * heads * c.T * words, 0u);
   for (int b = 0; b < c.B; ++b)
     for (int n = 0; n < heads; ++n)
       for (int t = 0; t < c.T; ++t)
         for (int s = 0; s < c.S; ++s)
-          if (CaseMask(c, b, n, t, s)) {
-            const int line = by_key ? s : t, bit = by_key ? t : s;
-            packed[((size_t{1} * b * heads + n) * lines + line) * words + bit / 32] |= 1u << (bit % 32);
-          }
+          if (CaseMask(c, b, n, t, s))
+            packed[((size_t{1} * b * heads + n) * c.T + t) * words + s / 32] |= 1u << (s % 32);
   return packed;
 }
 
@@ -95,8 +91,6 @@ jax_ops::attention::AttentionParams ParamsOf(const Case& c) {
   p.has_mask = c.mods & 1;
   const int64_t mask_heads = (c.mods & 4) ? c.H : 1, words = jax_ops::attention::MaskWords(c.S);
   p.mask_strides = {mask_heads * c.T * words, (c.mods & 4) ? int64_t{c.T} * words : 0, words, 0};
-  const int64_t key_words = jax_ops::attention::MaskWords(c.T);  // mask_by_key: lines of keys
-  p.mask_by_key_strides = {mask_heads * c.S * key_words, (c.mods & 4) ? int64_t{c.S} * key_words : 0, 0, key_words};
   p.has_bias = c.mods & 2;
   p.bias_strides = {0, int64_t{c.T} * c.S, c.S, 1};
   p.bias_dtype = p.dtype;

@@ -5,10 +5,9 @@
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -cudart static -I ffi_cuda \
 //     -isystem $(python3 -c "import jax.ffi as f; print(f.include_dir())") ffi_cuda/tools/attention_bwd_bench.cu \
 //     -o attention_bwd_bench
-// Usage: attention_bwd_bench [check|bench|all|small|gqa|gqa-small|mods-bench]   (small / gqa-small: two cases, default
+// Usage: attention_bwd_bench [check|bench|all|small|gqa|gqa-small]   (small / gqa-small: two cases, default
 // kernels (J = 1 and the GQA cluster rule) / the cluster variants J = 2 and 4, for compute-sanitizer; gqa: the
-// GQA dK/dV cluster variants only, check + determinism + timing; mods-bench: the kMods kernels against the plain
-// ones on one shape). Cases with a boolean mask (Case::mods & 1) run
+// GQA dK/dV cluster variants only, check + determinism + timing). Cases with a boolean mask (Case::mods & 1) run
 // the kMods kernels (J = 1, 2, 4 and the rule) and the portable one.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -103,11 +102,7 @@ cudaError_t LaunchVariant(int variant, const AttentionParams& p, const FwdPointe
 template <typename T, int kParts = 7>
 cudaError_t LaunchAny(int variant, const AttentionParams& p, const FwdPointers& ptr, const BwdPointers& bp) {
   if (p.has_mask) {
-    if constexpr (kParts != 7) {  // BenchMods times the kernels alone at D = 128, J = 1
-      if (variant != 1 || p.head_dim != 128) return cudaErrorNotSupported;
-      return LaunchAttentionBwdSm90Variant<T, 128, kSm90BwdDkDvStages, kSm90BwdDvEarly<128>, kSm90BwdDqBlockN<128>,
-                                           kSm90BwdDqStages, false, kParts, 1, true>(nullptr, p, ptr, bp);
-    }
+    if constexpr (kParts != 7) return cudaErrorNotSupported;  // timings run mask-free cases
     return p.head_dim == 64 ? LaunchVariant<T, 64, 7, true>(variant, p, ptr, bp)
                             : LaunchVariant<T, 128, 7, true>(variant, p, ptr, bp);
   }
@@ -120,8 +115,7 @@ struct Buffers {
   T *q, *k, *v, *o, *d_o, *dq, *dk, *dv;
   float* lse;
   int32_t *qsl, *kvsl;
-  uint32_t* mask = nullptr;         // Case::mods bit 0: CaseMask [B, 1|H, T, S], bit-packed (PackedCaseMask)
-  uint32_t* mask_by_key = nullptr;  // the same, key-major (PackedCaseMask by_key)
+  uint32_t* mask = nullptr;  // Case::mods bit 0: CaseMask [B, 1|H, T, S], bit-packed (PackedCaseMask)
   size_t nq, nk, nl;
 };
 
@@ -144,21 +138,18 @@ Buffers<T> Alloc(const Case& c) {
   CHECK(cudaMemcpy(b.qsl, ql.data(), 4 * c.B, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(b.kvsl, kl.data(), 4 * c.B, cudaMemcpyHostToDevice));
   if (c.mods & 1) {
-    for (bool by_key : {false, true}) {
-      const std::vector<uint32_t> packed = PackedCaseMask(c, by_key);
-      uint32_t*& dst = by_key ? b.mask_by_key : b.mask;
-      CHECK(cudaMalloc(&dst, packed.size() * 4));
-      CHECK(cudaMemcpy(dst, packed.data(), packed.size() * 4, cudaMemcpyHostToDevice));
-    }
+    const std::vector<uint32_t> packed = PackedCaseMask(c);
+    CHECK(cudaMalloc(&b.mask, packed.size() * 4));
+    CHECK(cudaMemcpy(b.mask, packed.data(), packed.size() * 4, cudaMemcpyHostToDevice));
   }
   return b;
 }
 template <typename T>
 void Free(Buffers<T>& b) {
-  for (void* x : {static_cast<void*>(b.q), static_cast<void*>(b.k), static_cast<void*>(b.v), static_cast<void*>(b.o),
-                  static_cast<void*>(b.d_o), static_cast<void*>(b.dq), static_cast<void*>(b.dk),
-                  static_cast<void*>(b.dv), static_cast<void*>(b.lse), static_cast<void*>(b.qsl),
-                  static_cast<void*>(b.kvsl), static_cast<void*>(b.mask), static_cast<void*>(b.mask_by_key)})
+  for (void* x :
+       {static_cast<void*>(b.q), static_cast<void*>(b.k), static_cast<void*>(b.v), static_cast<void*>(b.o),
+        static_cast<void*>(b.d_o), static_cast<void*>(b.dq), static_cast<void*>(b.dk), static_cast<void*>(b.dv),
+        static_cast<void*>(b.lse), static_cast<void*>(b.qsl), static_cast<void*>(b.kvsl), static_cast<void*>(b.mask)})
     cudaFree(x);
 }
 template <typename T>
@@ -167,7 +158,7 @@ FwdPointers Ptrs(const Buffers<T>& b) {
 }
 template <typename T>
 BwdPointers BwdPtrs(const Buffers<T>& b) {
-  return BwdPointers{b.o, b.lse, b.d_o, b.dq, b.dk, b.dv, nullptr, b.mask_by_key, nullptr};
+  return BwdPointers{b.o, b.lse, b.d_o, b.dq, b.dk, b.dv};
 }
 
 // fp64 reference of one (batch, head): o and lse (the forward, for the kernel's inputs) and the exact gradients
@@ -534,31 +525,6 @@ void BenchGqa() {
         }
 }
 
-// The kMods kernels against the plain ones on one shape (B4 T=S=4096 H16 D128, non-causal; a [B, 1, T, S] mask):
-// the whole backward and each kernel alone.
-void BenchMods() {
-  using T = __nv_bfloat16;
-  for (int mods : {0, 1}) {
-    Case c{4, 4096, 4096, 16, 16, 128, false};
-    c.mods = mods;
-    const AttentionParams p = ParamsOf<T>(c);
-    Buffers<T> b = Alloc<T>(c);
-    FillInputs(b, 1);
-    const cudaError_t fwd_err = LaunchAttentionFwd<T, 128>(nullptr, p, Ptrs(b));  // CHECK takes no template commas
-    CHECK(fwd_err);
-    CHECK(cudaDeviceSynchronize());
-    const FwdPointers ptr = Ptrs(b);
-    const BwdPointers bp = BwdPtrs(b);
-    Progress("mods");
-    const double whole = TimeMs([&] { return LaunchAny<T>(1, p, ptr, bp); });
-    const double dkdv = TimeMs([&] { return LaunchAny<T, 2>(1, p, ptr, bp); });
-    const double dq = TimeMs([&] { return LaunchAny<T, 4>(1, p, ptr, bp); });
-    std::printf("mods B4 T=S=4096 H16 D128 %s: backward %.3f ms | dkdv %.3f ms | dq %.3f ms\n",
-                mods ? "mask [B,1,T,S]" : "no mask      ", whole, dkdv, dq);
-    Free(b);
-  }
-}
-
 void Bench() {
   using T = __nv_bfloat16;
   for (int D : {128, 64})
@@ -621,7 +587,6 @@ int main(int argc, char** argv) {
     all_ok &= CheckGqaCluster<__nv_bfloat16>();
     all_ok &= CheckGqaCluster<__half>();
   }
-  if (!std::strcmp(mode, "mods-bench")) BenchMods();
   if (!std::strcmp(mode, "bench") || !std::strcmp(mode, "all")) Bench();
   if (!std::strcmp(mode, "bench") || !std::strcmp(mode, "all") || !std::strcmp(mode, "gqa")) BenchGqa();
   std::printf(all_ok ? "ALL OK\n" : "SOME FAILED\n");

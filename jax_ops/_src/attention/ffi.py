@@ -18,10 +18,9 @@ def mask_words(keys: int) -> int:
 
 
 def packed_mask(cfg: Config, mask, keys: int):
-    """The contract's mask operand: a bool ``[mB, mN, mT, 1|S]`` mask bit-packed along its last axis (the keys)
-    into uint32 ``[mB, mN, mT, mask_words(S)]`` (key s = bit s % 32 of word s // 32, the bits past S clear); a
-    dummy ``[1, 1, 1, 1]`` word without a mask. One fused XLA pass reading the mask once. The backward's
-    ``mask_by_key`` is the same packing of the mask with T and S swapped (``keys`` = T then)."""
+    """The contract's mask operand: a bool ``[mB, mN, mT, 1|S]`` mask bit-packed along the keys into uint32
+    ``[mB, mN, mT, mask_words(S)]`` (key s = bit s % 32 of word s // 32, the bits past S clear); a dummy
+    ``[1, 1, 1, 1]`` word without a mask. One fused XLA pass reading the mask once."""
     if not cfg.has_mask:
         return jnp.zeros((1, 1, 1, 1), jnp.uint32)
     lead = mask.shape[:3]
@@ -58,25 +57,8 @@ def bwd_ffi(cfg: Config, q, k, v, bias, mask, qsl, kvsl, o, lse, do):
         db,
     )
     words = packed_mask(cfg, mask, k.shape[1])
-    # The key-major copies the dK/dV kernel reads (a key's queries consecutive): one more pass over mask and bias.
-    words_by_key = packed_mask(cfg, jnp.swapaxes(mask, 2, 3), T)
-    bias_by_key = jnp.swapaxes(bias, 2, 3) if cfg.has_bias else bias
     dq, dk, dv, db = _ffi.ffi_call(
-        BWD_TARGET,
-        out,
-        q,
-        k,
-        v,
-        bias,
-        words,
-        qsl,
-        kvsl,
-        o,
-        lse,
-        do,
-        words_by_key,
-        bias_by_key,
-        **cfg.bwd_attrs(),
+        BWD_TARGET, out, q, k, v, bias, words, qsl, kvsl, o, lse, do, **cfg.bwd_attrs()
     )
     if scores:
         axes = tuple(i for i in range(4) if bias.shape[i] == 1 and full[i] > 1)
