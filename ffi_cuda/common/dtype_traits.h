@@ -71,6 +71,37 @@ inline uint16_t FloatToHalf(float f) {
   return sign | static_cast<uint16_t>(v >> 13);
 }
 
+// float8 e4m3fn (no infinity; 0x7f / 0xff are NaN): exact decoding, and encoding with nearest even that saturates
+// at +-448 (infinities included), as CUDA's __NV_SATFINITE conversion does.
+inline float E4m3fnToFloat(uint8_t v) {
+  const uint32_t sign = static_cast<uint32_t>(v & 0x80u) << 24;
+  const uint32_t exp = (v >> 3) & 0xfu, mant = v & 0x7u;
+  if (exp == 0xfu && mant == 0x7u) return BitsToFloat(sign | 0x7fc00000u);
+  if (exp == 0) {
+    const float sub = static_cast<float>(mant) * 0.001953125f;  // mant * 2^-9
+    return sign ? -sub : sub;
+  }
+  return BitsToFloat(sign | ((exp + 120u) << 23) | (mant << 20));
+}
+inline uint8_t FloatToE4m3fn(float f) {
+  const uint32_t u = FloatToBits(f);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7fu;   // NaN
+  if (abs >= 0x43e00000u) return sign | 0x7eu;  // >= 448: saturate
+  if (abs < 0x3c800000u) {                      // below the smallest normal (2^-6): value * 2^9, nearest even
+    const float scaled = BitsToFloat(abs) * 512.0f;
+    float r = static_cast<float>(static_cast<int32_t>(scaled));
+    const float frac = scaled - r;
+    if (frac > 0.5f || (frac == 0.5f && (static_cast<int32_t>(r) & 1))) r += 1.0f;
+    return sign | static_cast<uint8_t>(static_cast<int32_t>(r));  // 8 is the smallest normal's encoding
+  }
+  uint32_t v = abs - (120u << 23);  // rebias, then round the mantissa from 23 to 3 bits (nearest even)
+  v += 0x7ffffu + ((v >> 20) & 1u);
+  const uint32_t bits = v >> 20;
+  return sign | static_cast<uint8_t>(bits > 0x7eu ? 0x7eu : bits);
+}
+
 // ---------------------------------------------------------------- host: CPU storage / accumulator per dtype
 // T: the element type on the CPU (XLA FFI's NativeType: uint16_t bits for F16/BF16); Acc: the accumulator
 // (float for 16-bit types, else T); Load/Store: T <-> Acc.
@@ -103,6 +134,13 @@ struct CpuDType<xla::ffi::DataType::BF16> {
   using Acc = float;
   static Acc Load(T v) { return Bf16ToFloat(v); }
   static T Store(Acc v) { return FloatToBf16(v); }
+};
+template <>
+struct CpuDType<xla::ffi::DataType::F8E4M3FN> {
+  using T = uint8_t;
+  using Acc = float;
+  static Acc Load(T v) { return E4m3fnToFloat(v); }
+  static T Store(Acc v) { return FloatToE4m3fn(v); }
 };
 
 #ifdef __CUDACC__

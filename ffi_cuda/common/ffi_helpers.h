@@ -52,6 +52,12 @@ inline const char* DTypeName(ffi::DataType dt) {
       return "int64";
     case ffi::DataType::PRED:
       return "bool";
+    case ffi::DataType::F8E4M3FN:
+      return "float8_e4m3fn";
+    case ffi::DataType::F8E5M2:
+      return "float8_e5m2";
+    case ffi::DataType::S8:
+      return "int8";
     default:
       return "unsupported dtype";
   }

@@ -25,16 +25,6 @@ constexpr int64_t kBlockM = 64;   // rows of op(a) per packed block
 constexpr int64_t kRows = 4;      // rows the micro-kernel updates together (kBlockM is a multiple)
 
 // ---------------------------------------------------------------- element decoding (bit-exact)
-inline float E4m3fnToFloat(uint8_t v) {
-  const uint32_t sign = static_cast<uint32_t>(v & 0x80u) << 24;
-  const uint32_t exp = (v >> 3) & 0xfu, mant = v & 0x7u;
-  if (exp == 0xfu && mant == 0x7u) return BitsToFloat(sign | 0x7fc00000u);  // NaN (e4m3fn has no infinity)
-  if (exp == 0) {
-    const float sub = static_cast<float>(mant) * 0.001953125f;  // mant * 2^-9
-    return sign ? -sub : sub;
-  }
-  return BitsToFloat(sign | ((exp + 120u) << 23) | (mant << 20));
-}
 // e5m2 is the top byte of an IEEE half.
 inline float E5m2ToFloat(uint8_t v) { return HalfToFloat(static_cast<uint16_t>(v) << 8); }
 
@@ -264,7 +254,7 @@ ffi::Error Run(const Problem& p, const Buffers& buf) {
   const RunDecoder<Acc> decode_a = DecoderFor<Acc>(p.a_dtype, p.tf32);
   const RunDecoder<Acc> decode_b = DecoderFor<Acc>(p.b_dtype, p.tf32);
   JAX_OPS_CHECK_ARG(decode_a != nullptr && decode_b != nullptr,
-                    "no CPU decoder for " << GemmDTypeName(p.a_dtype) << " x " << GemmDTypeName(p.b_dtype));
+                    "no CPU decoder for " << DTypeName(p.a_dtype) << " x " << DTypeName(p.b_dtype));
   const bool gated = p.gated != Gated::kNone;
   const int64_t m_pad = (p.m + kRows - 1) / kRows * kRows;
   std::vector<Acc> acc_gate(m_pad * kTileN), acc_up(gated ? m_pad * kTileN : 0);

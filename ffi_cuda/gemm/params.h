@@ -87,19 +87,6 @@ struct Problem {
 inline bool IsFp8(ffi::DataType dt) { return dt == ffi::DataType::F8E4M3FN || dt == ffi::DataType::F8E5M2; }
 inline bool Is16Bit(ffi::DataType dt) { return dt == ffi::DataType::F16 || dt == ffi::DataType::BF16; }
 
-inline const char* GemmDTypeName(ffi::DataType dt) {
-  switch (dt) {
-    case ffi::DataType::F8E4M3FN:
-      return "float8_e4m3fn";
-    case ffi::DataType::F8E5M2:
-      return "float8_e5m2";
-    case ffi::DataType::S8:
-      return "int8";
-    default:
-      return DTypeName(dt);
-  }
-}
-
 // Re-checks what Python validated (ranks, shapes, dtypes, attribute ranges) and fills `p`. Both twins call it first.
 inline ffi::Error MakeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const ffi::AnyBuffer& b_up,
                               const ffi::AnyBuffer& bias, const ffi::AnyBuffer& c, const ffi::AnyBuffer& residual,
@@ -146,19 +133,19 @@ inline ffi::Error MakeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, 
   const DataType at = p->a_dtype, bt = p->b_dtype, ot = p->out_dtype;
   const bool float_out = ot == DataType::F16 || ot == DataType::BF16 || ot == DataType::F32;
   if (Is16Bit(at)) {
-    JAX_OPS_CHECK_ARG(bt == at, "a is " << GemmDTypeName(at) << " but b is " << GemmDTypeName(bt));
-    JAX_OPS_CHECK_ARG(ot == at || ot == DataType::F32, "a " << GemmDTypeName(at) << " GEMM writes " << GemmDTypeName(at)
-                                                            << " or float32, not " << GemmDTypeName(ot));
+    JAX_OPS_CHECK_ARG(bt == at, "a is " << DTypeName(at) << " but b is " << DTypeName(bt));
+    JAX_OPS_CHECK_ARG(ot == at || ot == DataType::F32, "a " << DTypeName(at) << " GEMM writes " << DTypeName(at)
+                                                            << " or float32, not " << DTypeName(ot));
   } else if (at == DataType::F32 || at == DataType::F64) {
-    JAX_OPS_CHECK_ARG(bt == at && ot == at, "a " << GemmDTypeName(at) << " GEMM needs b and out of the same dtype");
+    JAX_OPS_CHECK_ARG(bt == at && ot == at, "a " << DTypeName(at) << " GEMM needs b and out of the same dtype");
   } else if (IsFp8(at)) {
-    JAX_OPS_CHECK_ARG(IsFp8(bt), "a is " << GemmDTypeName(at) << " but b is " << GemmDTypeName(bt));
-    JAX_OPS_CHECK_ARG(float_out, "an fp8 GEMM writes float16, bfloat16 or float32, not " << GemmDTypeName(ot));
+    JAX_OPS_CHECK_ARG(IsFp8(bt), "a is " << DTypeName(at) << " but b is " << DTypeName(bt));
+    JAX_OPS_CHECK_ARG(float_out, "an fp8 GEMM writes float16, bfloat16 or float32, not " << DTypeName(ot));
   } else if (at == DataType::S8) {
-    JAX_OPS_CHECK_ARG(bt == DataType::S8, "a is int8 but b is " << GemmDTypeName(bt));
-    JAX_OPS_CHECK_ARG(float_out, "an int8 GEMM writes float16, bfloat16 or float32, not " << GemmDTypeName(ot));
+    JAX_OPS_CHECK_ARG(bt == DataType::S8, "a is int8 but b is " << DTypeName(bt));
+    JAX_OPS_CHECK_ARG(float_out, "an int8 GEMM writes float16, bfloat16 or float32, not " << DTypeName(ot));
   } else {
-    JAX_OPS_CHECK_ARG(false, "a has dtype " << GemmDTypeName(at) << ", which the GEMM does not support");
+    JAX_OPS_CHECK_ARG(false, "a has dtype " << DTypeName(at) << ", which the GEMM does not support");
   }
   JAX_OPS_CHECK_ARG(!tf32 || at == DataType::F32, "tf32 applies to float32 inputs only");
   const bool has_gate_up = p->gated == Gated::kSeparate;
@@ -173,8 +160,8 @@ inline ffi::Error MakeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, 
   p->has_bias = bias_len > 0;
   const DataType bias_dtype = at == DataType::F64 ? DataType::F64 : DataType::F32;
   JAX_OPS_CHECK_ARG(!p->has_bias || (bias_len == gate_cols && bias.element_type() == bias_dtype),
-                    "bias must be " << GemmDTypeName(bias_dtype) << " with " << gate_cols << " elements, got "
-                                    << bias_len << " of " << GemmDTypeName(bias.element_type()));
+                    "bias must be " << DTypeName(bias_dtype) << " with " << gate_cols << " elements, got " << bias_len
+                                    << " of " << DTypeName(bias.element_type()));
   const int64_t mn = p->batch * p->m * p->n;
   p->has_c = NumElements(c.dimensions()) > 0;
   JAX_OPS_CHECK_ARG(!p->has_c || p->gated == Gated::kNone, "c is not supported with a gated GEMM");
@@ -204,7 +191,7 @@ inline ffi::Error MakeProblem(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, 
 // The workspace result: bytes (u8, rank 1), any length (0 when the plan needs none).
 inline ffi::Error CheckWorkspace(const ffi::AnyBuffer& workspace) {
   JAX_OPS_CHECK_ARG(workspace.element_type() == ffi::DataType::U8 && workspace.dimensions().size() == 1,
-                    "workspace must be a rank-1 uint8 buffer, got " << GemmDTypeName(workspace.element_type()) << " "
+                    "workspace must be a rank-1 uint8 buffer, got " << DTypeName(workspace.element_type()) << " "
                                                                     << ShapeString(workspace.dimensions()));
   return ffi::Error::Success();
 }

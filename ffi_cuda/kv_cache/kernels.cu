@@ -16,9 +16,11 @@
 // or (merge_in_cluster) run as one cluster per row block and merge through distributed shared memory.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "arch/sm80/cp_async.cuh"
 #include "arch/sm80/ldmatrix.cuh"
@@ -29,6 +31,7 @@
 #include "arch/sm90/tma.cuh"
 #include "attention/tile_math.cuh"
 #include "common/cuda_helpers.h"
+#include "common/dtype_traits.h"
 #include "kv_cache/kernels.h"
 
 namespace jax_ops::kv_cache {
@@ -36,7 +39,7 @@ namespace {
 
 using attention::EndRow, attention::MmaAccTile, attention::OnlineSoftmaxStep, attention::QuadSum, attention::RowEnd,
     attention::Swz;
-using sm80::CpAsync16, sm80::CpAsyncCommit, sm80::CpAsyncWait, sm80::LdMatrixX4, sm80::Mma;
+using sm80::CpAsync4, sm80::CpAsync16, sm80::CpAsyncCommit, sm80::CpAsyncWait, sm80::LdMatrixX4, sm80::Mma;
 using sm90::FenceBarrierInit, sm90::MbarArriveExpectTx, sm90::MbarInit, sm90::MbarWait, sm90::TmaLoad4d;
 
 // ---------------------------------------------------------------- append
@@ -95,6 +98,89 @@ cudaError_t LaunchAppendVec(cudaStream_t stream, const AppendArgs& a) {
   return cudaGetLastError();
 }
 
+// float8 pages (rules in params.h): grid (pages a chunk can touch x Hkv, B); a CTA owns one (page, kv head) of one
+// request, so the page's scale, its re-quantised earlier rows and its new rows need no other CTA.
+__device__ __forceinline__ float NanMax(float a, float b) {
+  return a != a || b != b ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+}
+
+__device__ __forceinline__ uint8_t QuantizeE4m3(float x, float scale) {
+  return __nv_cvt_float_to_fp8(x * InverseFp8Scale(scale), __NV_SATFINITE, __NV_E4M3);
+}
+__device__ __forceinline__ float E4m3ToFloat(uint8_t v) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(v), __NV_E4M3)));
+}
+
+// One pool's rows [r0, r1) of `page` for kv head h, from the request's tokens `src` ([T, Hkv, D], first row at
+// position `base + r0`), with the page's scale grown and its rows [0, r0) re-quantised.
+template <typename Src>
+__device__ void QuantizePageRows(const Shape& s, const Src* src, uint8_t* pages, float* scales, int64_t page, int64_t h,
+                                 int64_t r0, int64_t r1, int64_t first_token) {
+  __shared__ float warp_amax[kAppendThreads / 32];
+  const int64_t D = s.head_dim, n_new = (r1 - r0) * D;
+  auto token = [&](int64_t i) {  // new element i: row r0 + i / D, column i % D
+    return ToAcc(src[((first_token + i / D) * s.num_kv_heads + h) * D + i % D]);
+  };
+  float amax = 0.f;
+  for (int64_t i = threadIdx.x; i < n_new; i += blockDim.x) amax = NanMax(amax, fabsf(token(i)));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = NanMax(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  float& scale_ref = scales[page * s.num_kv_heads + h];
+  const float old = r0 > 0 ? scale_ref : 0.f;
+  if ((threadIdx.x & 31) == 0) warp_amax[threadIdx.x >> 5] = amax;
+  __syncthreads();  // every thread has read `old` and published its warp's amax
+  amax = 0.f;
+#pragma unroll
+  for (int w = 0; w < kAppendThreads / 32; ++w) amax = NanMax(amax, warp_amax[w]);
+  const float grown = NanMax(old, Fp8Scale(amax));
+  uint8_t* rows = pages + s.PageOffset(page, 0, h);  // row r at r * Hkv * D
+  const int64_t row_pitch = s.num_kv_heads * D;
+  if (r0 > 0 && grown > old) {
+    for (int64_t i = threadIdx.x; i < r0 * D; i += blockDim.x) {
+      uint8_t& v = rows[i / D * row_pitch + i % D];
+      v = QuantizeE4m3(E4m3ToFloat(v) * old, grown);
+    }
+  }
+  for (int64_t i = threadIdx.x; i < n_new; i += blockDim.x)
+    rows[(r0 + i / D) * row_pitch + i % D] = QuantizeE4m3(token(i), grown);
+  __syncthreads();  // warp_amax is reused by the next pool
+  if (threadIdx.x == 0) scale_ref = grown;
+}
+
+template <typename Src>
+__global__ void __launch_bounds__(kAppendThreads) PagedAppendFp8Kernel(const AppendArgs a) {
+  const Shape& s = a.shape;
+  const int64_t b = blockIdx.y;
+  const bool fits = RequestFits(a, b);
+  const int64_t length = a.lengths[b];
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    a.status[b] = fits ? kStatusOk : kStatusPastAllocatedPages;
+    a.lengths_out[b] = fits ? static_cast<int32_t>(length + s.tokens) : static_cast<int32_t>(length);
+  }
+  if (!fits) return;
+  const int64_t h = blockIdx.x % s.num_kv_heads, slot = length / s.page_size + blockIdx.x / s.num_kv_heads;
+  const int64_t base = slot * s.page_size, end = length + s.tokens;
+  if (base >= end) return;
+  const int64_t page = a.block_table[b * s.max_pages + slot];
+  const int64_t r0 = max(length - base, int64_t{0}), r1 = min(s.page_size, end - base);
+  const int64_t first_token = base + r0 - length;  // index in the request's T new tokens
+  const int64_t request = b * s.tokens * s.num_kv_heads * s.head_dim;
+  QuantizePageRows(s, static_cast<const Src*>(a.k_new) + request, static_cast<uint8_t*>(a.k_pages), a.k_scales, page, h,
+                   r0, r1, first_token);
+  QuantizePageRows(s, static_cast<const Src*>(a.v_new) + request, static_cast<uint8_t*>(a.v_pages), a.v_scales, page, h,
+                   r0, r1, first_token);
+}
+
+template <typename Src>
+cudaError_t LaunchAppendFp8(cudaStream_t stream, const AppendArgs& a) {
+  const Shape& s = a.shape;
+  const int64_t pages = (s.tokens + s.page_size - 1) / s.page_size + 1;  // a chunk of T rows touches at most this
+  if (pages * s.num_kv_heads > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  PagedAppendFp8Kernel<Src><<<dim3(static_cast<unsigned>(pages * s.num_kv_heads), static_cast<unsigned>(s.batch)),
+                              kAppendThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
 // ---------------------------------------------------------------- decode
 
 constexpr int kMinTmaPage = 8;  // a smaller TMA box would break the 1024-byte swizzle period of a panel
@@ -105,25 +191,32 @@ struct PageMaps {
   CUtensorMap k, v;
 };
 
-template <int kHeadDim>
+// kFp8: f8e4m3fn pages. Their ring stages hold the raw K and V rows and each row's scale; every tile is then
+// converted (dequantised into T) into one K/V tile pair after the ring, which the mma loops read.
+template <int kHeadDim, bool kFp8 = false>
 struct DecodeTraits {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kRows = 16;           // packed query rows per CTA: one mma row tile
   static constexpr int kKeys = 16 * kWarps;  // keys per tile, 16 per warp
-  static constexpr int kStages = kHeadDim <= 128 ? 3 : 2;
-  static constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks of a head row
-  static constexpr int kPanels = kHeadDim / 64;  // 64-column panels of a tile on the TMA path
-  static constexpr int kKS = kHeadDim / 16;      // k-steps of Q K^T
-  static constexpr int kDT = kHeadDim / 8;       // n8 tiles of O
+  static constexpr int kStages = kFp8 ? (kHeadDim <= 128 ? 4 : 3) : (kHeadDim <= 128 ? 3 : 2);
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a T head row
+  static constexpr int kPageElemBytes = kFp8 ? 1 : 2;
+  static constexpr int kLoadChunks = kHeadDim * kPageElemBytes / 16;  // 16-byte chunks of a page row
+  static constexpr int kPanels = kHeadDim / 64;                       // 64-column panels of a tile on the TMA path
+  static constexpr int kKS = kHeadDim / 16;                           // k-steps of Q K^T
+  static constexpr int kDT = kHeadDim / 8;                            // n8 tiles of O
   static constexpr bool kQInRegs = kHeadDim <= 128;
   static constexpr int kMaxBoxes = kKeys / kMinTmaPage;  // TMA boxes (pages) of a key tile, at most
   static constexpr int kQBytes = kRows * kHeadDim * 2;
   static constexpr int kTileElems = kKeys * kHeadDim;
-  static constexpr int kStageBytes = 2 * kTileElems * 2;  // K and V tiles
-  static constexpr int kMergePitch = kHeadDim + 4;        // floats: rows of the warps' O in the merge
+  static constexpr int kPageTileBytes = kTileElems * kPageElemBytes;
+  // K and V tiles as stored, then (kFp8) the K and V scale of each key row.
+  static constexpr int kStageBytes = 2 * kPageTileBytes + (kFp8 ? 2 * kKeys * 4 : 0);
+  static constexpr int kConvertedBytes = kFp8 ? 2 * kTileElems * 2 : 0;  // the dequantised K/V tile pair
+  static constexpr int kMergePitch = kHeadDim + 4;                       // floats: rows of the warps' O in the merge
   static constexpr int kMergeBytes = kWarps * kRows * (kMergePitch + 2) * 4;
-  static constexpr int kRingEnd = kQBytes + kStages * kStageBytes;  // then one mbarrier per stage
+  static constexpr int kRingEnd = kQBytes + kStages * kStageBytes + kConvertedBytes;  // then one mbarrier per stage
   // + 1 KB to align the base: the TMA's 128-byte swizzle repeats every 1024 bytes of shared address.
   static constexpr int kSmemBytes = kRingEnd + kStages * 8 + 1024;
   static_assert(kHeadDim % 64 == 0, "tiles are whole 64-column panels");
@@ -133,11 +226,12 @@ struct DecodeTraits {
   static_assert(kMaxKernelMergeSplits * kRows * (kSlotPitch + 1) * 4 <= kRingEnd, "the cluster merge reuses the ring");
 };
 
-// kTma: the TMA load path (maps used); else cp.async (maps unused).
-template <typename T, int kHeadDim, bool kTma>
-__global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2)
+// kTma: the TMA load path (maps used); else cp.async (maps unused). kFp8: f8e4m3fn pages (cp.async only).
+template <typename T, int kHeadDim, bool kTma, bool kFp8>
+__global__ void __launch_bounds__(DecodeTraits<kHeadDim, kFp8>::kThreads, 2)
     PagedDecodeKernel(const DecodeArgs a, const __grid_constant__ PageMaps maps) {
-  using Tr = DecodeTraits<kHeadDim>;
+  using Tr = DecodeTraits<kHeadDim, kFp8>;
+  static_assert(!(kTma && kFp8), "float8 pages load by cp.async");
   constexpr int kKeys = Tr::kKeys, kStages = Tr::kStages;
   // Tile layouts (Swz<kPitch, panel rows>): 64-column panels on the TMA path (what a 128B-swizzled box writes),
   // whole swizzled rows on the cp.async one.
@@ -154,6 +248,10 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2)
   T* sQ = reinterpret_cast<T*>(smem);
   T* ring = reinterpret_cast<T*>(smem + Tr::kQBytes);                 // stage i: K at 2i tiles, V at 2i + 1
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Tr::kRingEnd);  // TMA path: stage i's loads landed
+  // kFp8: stage i holds K, V (bytes) and their row scales from smem + kQBytes + i * kStageBytes; the dequantised
+  // pair follows the ring.
+  unsigned char* ring8 = smem + Tr::kQBytes;
+  T* converted = reinterpret_cast<T*>(smem + Tr::kQBytes + Tr::kStages * Tr::kStageBytes);
 
   const int64_t group = s.group(), packed_rows = group * s.tokens;
   const int64_t row_blocks = (packed_rows + Tr::kRows - 1) / Tr::kRows;
@@ -177,13 +275,15 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2)
   }
   const int64_t unmasked_end = min(key_end[0], key_end[1]);
 
-  const T* k_pages = static_cast<const T*>(a.k_pages);
-  const T* v_pages = static_cast<const T*>(a.v_pages);
+  using PageT = std::conditional_t<kFp8, uint8_t, T>;
+  const PageT* k_pages = static_cast<const PageT*>(a.k_pages);
+  const PageT* v_pages = static_cast<const PageT*>(a.v_pages);
   const int32_t* table = a.block_table + b * s.max_pages;
   // Each thread copies one 16-byte chunk column of kRowsPerThread rows of every tile. Key positions fit in int32
   // (the handler checks the capacity); the page of a row is a shift when the page size is a power of two.
-  constexpr int kRowStep = Tr::kThreads / Tr::kChunks, kRowsPerThread = kKeys / kRowStep;
-  const int my_chunk = tid % Tr::kChunks, my_row = tid / Tr::kChunks;
+  constexpr int kRowStep = Tr::kThreads / Tr::kLoadChunks, kRowsPerThread = kKeys / kRowStep;
+  constexpr int kChunkElems = 16 / Tr::kPageElemBytes;
+  const int my_chunk = tid % Tr::kLoadChunks, my_row = tid / Tr::kLoadChunks;
   const int32_t lo32 = static_cast<int32_t>(lo), hi32 = static_cast<int32_t>(hi);
   const int32_t page_size = static_cast<int32_t>(s.page_size), page_mask = page_size - 1;
   const int32_t max_page = static_cast<int32_t>(s.num_pages - 1);
@@ -201,18 +301,67 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2)
   };
   // Issues the cp.async loads of key tile `tile` (pages from fetch_pages(tile)) into ring stage `stage`; rows past
   // hi are zero-filled, never read.
+  // kFp8: rows stay unswizzled in the stage (each thread converts the chunks it copied), and the first chunk's
+  // thread also copies the row's K and V scales.
   auto load_tile = [&](int tile, int stage) {
-    T* sK = ring + 2 * stage * Tr::kTileElems;
-    T* sV = sK + Tr::kTileElems;
+    unsigned char* stage_base =
+        kFp8 ? ring8 + stage * Tr::kStageBytes : reinterpret_cast<unsigned char*>(ring + 2 * stage * Tr::kTileElems);
+    PageT* sK = reinterpret_cast<PageT*>(stage_base);
+    PageT* sV = sK + Tr::kTileElems;
 #pragma unroll
     for (int j = 0; j < kRowsPerThread; ++j) {
       const int r = my_row + j * kRowStep;
       const int32_t key = lo32 + tile * kKeys + r;
       const bool valid = key < hi32;
       const int32_t page = min(max(next_pages[j], 0), max_page);
-      const int64_t off = s.PageOffset(page, valid ? row_of(key) : 0, kvh) + my_chunk * 8;
-      CpAsync16(sK + Swz<kPitch, kKeyPanel>(r, my_chunk), k_pages + off, valid);
-      CpAsync16(sV + Swz<kPitch, kKeyPanel>(r, my_chunk), v_pages + off, valid);
+      const int64_t off = s.PageOffset(page, valid ? row_of(key) : 0, kvh) + my_chunk * kChunkElems;
+      if constexpr (kFp8) {
+        CpAsync16(sK + r * kHeadDim + my_chunk * 16, k_pages + off, valid);
+        CpAsync16(sV + r * kHeadDim + my_chunk * 16, v_pages + off, valid);
+        if (my_chunk == 0) {
+          float* scales = reinterpret_cast<float*>(sV + Tr::kTileElems);  // [kKeys] K scales, then V scales
+          const int64_t at = int64_t{page} * s.num_kv_heads + kvh;
+          CpAsync4(scales + r, a.k_scales + at, valid);
+          CpAsync4(scales + kKeys + r, a.v_scales + at, valid);
+        }
+      } else {
+        CpAsync16(sK + Swz<kPitch, kKeyPanel>(r, my_chunk), k_pages + off, valid);
+        CpAsync16(sV + Swz<kPitch, kKeyPanel>(r, my_chunk), v_pages + off, valid);
+      }
+    }
+  };
+  // kFp8: dequantises this thread's chunks of the tile in ring stage `stage` (every scale of the stage visible)
+  // into the converted K/V pair: 16 bytes -> two swizzled 16-byte T chunks, each value times its row's scale.
+  auto convert_tile = [&](int stage) {
+    if constexpr (kFp8) {
+      const uint8_t* sK8 = ring8 + stage * Tr::kStageBytes;
+      const uint8_t* sV8 = sK8 + Tr::kTileElems;
+      const float* scales = reinterpret_cast<const float*>(sV8 + Tr::kTileElems);
+#pragma unroll
+      for (int j = 0; j < kRowsPerThread; ++j) {
+        const int r = my_row + j * kRowStep;
+#pragma unroll
+        for (int kv = 0; kv < 2; ++kv) {
+          const uint4 raw = *reinterpret_cast<const uint4*>((kv ? sV8 : sK8) + r * kHeadDim + my_chunk * 16);
+          const float scale = scales[kv * kKeys + r];
+          const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+          uint32_t packed[8];
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+#pragma unroll
+            for (int half_word = 0; half_word < 2; ++half_word) {
+              const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * half_word));
+              const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+              packed[2 * w + half_word] = Mma<T>::Pack(f.x * scale, f.y * scale);
+            }
+          }
+          T* dst = converted + kv * Tr::kTileElems;
+          *reinterpret_cast<uint4*>(dst + Swz<kHeadDim, 0>(r, 2 * my_chunk)) =
+              make_uint4(packed[0], packed[1], packed[2], packed[3]);
+          *reinterpret_cast<uint4*>(dst + Swz<kHeadDim, 0>(r, 2 * my_chunk + 1)) =
+              make_uint4(packed[4], packed[5], packed[6], packed[7]);
+        }
+      }
     }
   };
   // TMA path: thread 0 reads the page ids of the next tile's boxes (one per page, or one per 64 rows of a larger
@@ -327,6 +476,10 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2)
           fetch_pages(tile + kStages);
         }
         CpAsyncCommit();
+        if constexpr (kFp8) {  // (the barrier above also means no warp still reads the previous converted tile)
+          convert_tile(stage);
+          __syncthreads();  // the converted tile is visible
+        }
       }
       if constexpr (Tr::kQInRegs) {
         if (tile == 0) {
@@ -335,7 +488,7 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2)
             LdMatrixX4(q_frag[ks], sQ + Swz<kPitch, kQPanel>(lane & 15, ks * 2 + (lane >> 4)));
         }
       }
-      const T* sK = ring + 2 * stage * Tr::kTileElems + warp * 16 * kPitch;
+      const T* sK = (kFp8 ? converted : ring + 2 * stage * Tr::kTileElems) + warp * 16 * kPitch;
       const T* sV = sK + Tr::kTileElems;
 
       // S = Q K^T: the 16 packed rows x this warp's 16 keys of the tile.
@@ -507,6 +660,18 @@ __global__ void __launch_bounds__(DecodeTraits<kHeadDim>::kThreads, 2)
 cudaError_t LaunchAppend(cudaStream_t stream, const AppendArgs& args) {
   const Shape& s = args.shape;
   if (s.batch == 0) return cudaSuccess;
+  if (s.quantized()) {
+    switch (s.dtype) {
+      case ffi::DataType::F16:
+        return LaunchAppendFp8<__half>(stream, args);
+      case ffi::DataType::BF16:
+        return LaunchAppendFp8<__nv_bfloat16>(stream, args);
+      case ffi::DataType::F32:
+        return LaunchAppendFp8<float>(stream, args);
+      default:
+        return cudaErrorInvalidValue;
+    }
+  }
   const int64_t row_bytes = s.head_dim * args.elem_bytes;
   if (row_bytes % 16 == 0) return LaunchAppendVec<uint4>(stream, args);
   if (row_bytes % 4 == 0) return LaunchAppendVec<uint32_t>(stream, args);
@@ -517,10 +682,10 @@ namespace {
 
 // Whether this device runs the kernel's sm_90a machine code: a build without it would run the empty TMA and
 // cluster primitives.
-template <typename T, int kHeadDim, bool kTma>
+template <typename T, int kHeadDim, bool kTma, bool kFp8>
 bool RunsSm90Code() {
   static const int binary_version =
-      KernelBinaryVersion(reinterpret_cast<const void*>(&PagedDecodeKernel<T, kHeadDim, kTma>));
+      KernelBinaryVersion(reinterpret_cast<const void*>(&PagedDecodeKernel<T, kHeadDim, kTma, kFp8>));
   return binary_version == 90;
 }
 
@@ -529,42 +694,43 @@ bool RunsSm90Code() {
 template <typename T, int kHeadDim>
 bool EncodePageMaps(const DecodeArgs& a, PageMaps& maps) {
   const Shape& s = a.shape;
-  if (a.page_shift < 0 || s.page_size < kMinTmaPage || !RunsSm90Code<T, kHeadDim, true>()) return false;
+  if (a.page_shift < 0 || s.page_size < kMinTmaPage || !RunsSm90Code<T, kHeadDim, true, false>()) return false;
   const int box_rows = static_cast<int>(std::min<int64_t>(s.page_size, DecodeTraits<kHeadDim>::kKeys));
   return sm90::EncodeMap<T>(&maps.k, a.k_pages, s.num_pages, s.page_size, s.num_kv_heads, kHeadDim, box_rows) &&
          sm90::EncodeMap<T>(&maps.v, a.v_pages, s.num_pages, s.page_size, s.num_kv_heads, kHeadDim, box_rows);
 }
 
-template <typename T, int kHeadDim, bool kTma>
+template <typename T, int kHeadDim, bool kTma, bool kFp8>
 cudaError_t LaunchDecodeKernel(cudaStream_t stream, const DecodeArgs& args, const PageMaps& maps, dim3 grid) {
-  using Tr = DecodeTraits<kHeadDim>;
+  using Tr = DecodeTraits<kHeadDim, kFp8>;
   // The largest carveout asked for, not left to the driver per launch: two CTAs per SM need ~200 KB.
-  const cudaError_t attr = SetDynamicSmemOnce(reinterpret_cast<const void*>(&PagedDecodeKernel<T, kHeadDim, kTma>),
-                                              Tr::kSmemBytes, /*max_shared_carveout=*/true);
+  const cudaError_t attr =
+      SetDynamicSmemOnce(reinterpret_cast<const void*>(&PagedDecodeKernel<T, kHeadDim, kTma, kFp8>), Tr::kSmemBytes,
+                         /*max_shared_carveout=*/true);
   if (attr != cudaSuccess) return attr;
   if (!args.merge_in_cluster) {
-    PagedDecodeKernel<T, kHeadDim, kTma><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args, maps);
+    PagedDecodeKernel<T, kHeadDim, kTma, kFp8><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(args, maps);
     return cudaGetLastError();
   }
   if (args.splits < 2 || args.splits > kMaxKernelMergeSplits) return cudaErrorNotSupported;
-  if (!RunsSm90Code<T, kHeadDim, kTma>()) {  // no clusters here: the same o from one split per row block
+  if (!RunsSm90Code<T, kHeadDim, kTma, kFp8>()) {  // no clusters here: the same o from one split per row block
     DecodeArgs one = args;
     one.splits = 1, one.merge_in_cluster = false;
-    PagedDecodeKernel<T, kHeadDim, kTma>
+    PagedDecodeKernel<T, kHeadDim, kTma, kFp8>
         <<<dim3(grid.x / args.splits, grid.y, grid.z), Tr::kThreads, Tr::kSmemBytes, stream>>>(one, maps);
     return cudaGetLastError();
   }
   const ClusterLaunch launch(grid, dim3(Tr::kThreads), Tr::kSmemBytes, stream, static_cast<unsigned>(args.splits));
-  const cudaError_t err = cudaLaunchKernelEx(&launch.config, &PagedDecodeKernel<T, kHeadDim, kTma>, args, maps);
+  const cudaError_t err = cudaLaunchKernelEx(&launch.config, &PagedDecodeKernel<T, kHeadDim, kTma, kFp8>, args, maps);
   if (err != cudaSuccess) (void)cudaGetLastError();  // the error is returned, not left for the next launch to read
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 }  // namespace
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kFp8>
 cudaError_t LaunchDecode(cudaStream_t stream, const DecodeArgs& args) {
-  using Tr = DecodeTraits<kHeadDim>;
+  using Tr = DecodeTraits<kHeadDim, kFp8>;
   const Shape& s = args.shape;
   const int64_t rows = s.group() * s.tokens;
   if (s.batch == 0 || rows == 0) return cudaSuccess;
@@ -573,13 +739,20 @@ cudaError_t LaunchDecode(cudaStream_t stream, const DecodeArgs& args) {
   const dim3 grid(static_cast<unsigned>(x_blocks), static_cast<unsigned>(s.num_kv_heads),
                   static_cast<unsigned>(s.batch));
   PageMaps maps{};
-  const bool tma = args.load != DecodeLoad::kCpAsync && EncodePageMaps<T, kHeadDim>(args, maps);
-  if (args.load == DecodeLoad::kTma && !tma) return cudaErrorNotSupported;
-  return tma ? LaunchDecodeKernel<T, kHeadDim, true>(stream, args, maps, grid)
-             : LaunchDecodeKernel<T, kHeadDim, false>(stream, args, maps, grid);
+  if constexpr (kFp8) {  // the TMA path reads pages of T
+    if (args.load == DecodeLoad::kTma) return cudaErrorNotSupported;
+    return LaunchDecodeKernel<T, kHeadDim, false, true>(stream, args, maps, grid);
+  } else {
+    const bool tma = args.load != DecodeLoad::kCpAsync && EncodePageMaps<T, kHeadDim>(args, maps);
+    if (args.load == DecodeLoad::kTma && !tma) return cudaErrorNotSupported;
+    return tma ? LaunchDecodeKernel<T, kHeadDim, true, false>(stream, args, maps, grid)
+               : LaunchDecodeKernel<T, kHeadDim, false, false>(stream, args, maps, grid);
+  }
 }
 
-#define JAX_OPS_INSTANTIATE_KV_DECODE(T, D) template cudaError_t LaunchDecode<T, D>(cudaStream_t, const DecodeArgs&);
+#define JAX_OPS_INSTANTIATE_KV_DECODE(T, D)                                        \
+  template cudaError_t LaunchDecode<T, D, false>(cudaStream_t, const DecodeArgs&); \
+  template cudaError_t LaunchDecode<T, D, true>(cudaStream_t, const DecodeArgs&);
 JAX_OPS_INSTANTIATE_KV_DECODE(__half, 64)
 JAX_OPS_INSTANTIATE_KV_DECODE(__half, 128)
 JAX_OPS_INSTANTIATE_KV_DECODE(__half, 256)

@@ -9,12 +9,14 @@
 
 namespace jax_ops::kv_cache {
 
-// Device pointers and sizes of one append (contract in params.h); the pools are written in place.
+// Device pointers and sizes of one append (contract in params.h); the pools (and scales) are written in place.
 struct AppendArgs {
   Shape shape;
-  int64_t elem_bytes = 0;
+  int64_t elem_bytes = 0;  // of a token element (k_new / v_new)
   void* k_pages = nullptr;
   void* v_pages = nullptr;
+  float* k_scales = nullptr;  // [P, Hkv] with f8e4m3fn pages
+  float* v_scales = nullptr;
   const int32_t* block_table = nullptr;
   const int32_t* lengths = nullptr;
   const void* k_new = nullptr;
@@ -37,6 +39,8 @@ struct DecodeArgs {
   const void* q = nullptr;
   const void* k_pages = nullptr;
   const void* v_pages = nullptr;
+  const float* k_scales = nullptr;  // [P, Hkv] with f8e4m3fn pages
+  const float* v_scales = nullptr;
   const int32_t* block_table = nullptr;
   const int32_t* lengths = nullptr;
   void* o = nullptr;           // splits == 1 or merge_in_cluster
@@ -50,8 +54,9 @@ struct DecodeArgs {
 
 cudaError_t LaunchAppend(cudaStream_t stream, const AppendArgs& args);
 
-// T: __half or __nv_bfloat16; kHeadDim one of kCudaDecodeHeadDims.
-template <typename T, int kHeadDim>
+// T: __half or __nv_bfloat16 (the queries, and the pages unless kFp8: f8e4m3fn pages, cp.async loads only);
+// kHeadDim one of kCudaDecodeHeadDims.
+template <typename T, int kHeadDim, bool kFp8>
 cudaError_t LaunchDecode(cudaStream_t stream, const DecodeArgs& args);
 
 }  // namespace jax_ops::kv_cache

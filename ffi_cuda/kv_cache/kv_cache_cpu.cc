@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "common/dtype_traits.h"
@@ -23,14 +24,57 @@ bool RequestFits(const Shape& s, const int32_t* table, int64_t length) {
   return true;
 }
 
+// max that returns NaN when either side is NaN (jnp.maximum's rule; std::fmax would drop it).
+float NanMax(float a, float b) { return a != a || b != b ? std::numeric_limits<float>::quiet_NaN() : std::max(a, b); }
+
+// x stored as e4m3 under a power-of-two scale (params.h).
+uint8_t Quantize(float x, float scale) { return FloatToE4m3fn(x * InverseFp8Scale(scale)); }
+
+// One pool's float8 append for a request that fits (rules in params.h): per page the chunk writes and kv head,
+// the new scale, the page's earlier rows re-quantised where it grew, then the new rows.
+template <ffi::DataType DT>
+void AppendQuantized(const Shape& s, const int32_t* table_row, int64_t length, const void* src_all, int64_t b,
+                     uint8_t* pages, float* scales) {
+  using Tr = CpuDType<DT>;
+  const auto* src = static_cast<const typename Tr::T*>(src_all) + b * s.tokens * s.num_kv_heads * s.head_dim;
+  const int64_t D = s.head_dim, end = length + s.tokens;
+  for (int64_t slot = length / s.page_size; slot * s.page_size < end; ++slot) {
+    const int64_t page = table_row[slot], base = slot * s.page_size;
+    const int64_t r0 = std::max<int64_t>(length - base, 0), r1 = std::min<int64_t>(s.page_size, end - base);
+    for (int64_t h = 0; h < s.num_kv_heads; ++h) {
+      auto x = [&](int64_t r, int64_t d) {
+        return float{Tr::Load(src[((base + r - length) * s.num_kv_heads + h) * D + d])};
+      };
+      float amax = 0.f;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t d = 0; d < D; ++d) amax = NanMax(amax, std::fabs(x(r, d)));
+      float& scale = scales[page * s.num_kv_heads + h];
+      const float old = r0 > 0 ? scale : 0.f, grown = NanMax(old, Fp8Scale(amax));
+      if (r0 > 0 && grown > old)
+        for (int64_t r = 0; r < r0; ++r)
+          for (int64_t d = 0; d < D; ++d) {
+            uint8_t& v = pages[s.PageOffset(page, r, h) + d];
+            v = Quantize(E4m3fnToFloat(v) * old, grown);  // exact but for values pushed below e4m3's range
+          }
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t d = 0; d < D; ++d) pages[s.PageOffset(page, r, h) + d] = Quantize(x(r, d), grown);
+      scale = grown;
+    }
+  }
+}
+
 ffi::Error AppendCpu(JAX_OPS_KV_APPEND_PARAMS) {
   Shape s;
-  JAX_OPS_RETURN_IF_ERROR(CheckAppend(k_pages, v_pages, block_table, lengths, k_new, v_new, s));
+  JAX_OPS_RETURN_IF_ERROR(CheckAppend(k_pages, v_pages, k_scales, v_scales, block_table, lengths, k_new, v_new, s));
   auto* k_out = static_cast<char*>(k_pages_out->untyped_data());
   auto* v_out = static_cast<char*>(v_pages_out->untyped_data());
-  // The pools are aliased in place (input_output_aliases); a caller that did not alias gets a copy first.
-  if (k_out != k_pages.untyped_data()) std::memcpy(k_out, k_pages.untyped_data(), k_pages.size_bytes());
-  if (v_out != v_pages.untyped_data()) std::memcpy(v_out, v_pages.untyped_data(), v_pages.size_bytes());
+  auto* ks_out = static_cast<float*>(k_scales_out->untyped_data());
+  auto* vs_out = static_cast<float*>(v_scales_out->untyped_data());
+  // The pools and scales are aliased in place (input_output_aliases); a caller that did not alias gets a copy.
+  for (auto [out, in] :
+       {std::pair{static_cast<void*>(k_out), &k_pages}, std::pair{static_cast<void*>(v_out), &v_pages},
+        std::pair{static_cast<void*>(ks_out), &k_scales}, std::pair{static_cast<void*>(vs_out), &v_scales}})
+    if (out != in->untyped_data() && in->size_bytes()) std::memcpy(out, in->untyped_data(), in->size_bytes());
   const auto* table = static_cast<const int32_t*>(block_table.untyped_data());
   const auto* len = static_cast<const int32_t*>(lengths.untyped_data());
   const auto* k_src = static_cast<const char*>(k_new.untyped_data());
@@ -44,6 +88,17 @@ ffi::Error AppendCpu(JAX_OPS_KV_APPEND_PARAMS) {
     stat[b] = fits ? kStatusOk : kStatusPastAllocatedPages;
     len_out[b] = fits ? static_cast<int32_t>(len[b] + s.tokens) : len[b];
     if (!fits) continue;
+    if (s.quantized()) {
+      const ffi::Error err =
+          DispatchDType<ffi::DataType::F16, ffi::DataType::BF16, ffi::DataType::F32>(s.dtype, "k_new", [&](auto tag) {
+            constexpr ffi::DataType DT = decltype(tag)::value;
+            AppendQuantized<DT>(s, row, len[b], k_src, b, reinterpret_cast<uint8_t*>(k_out), ks_out);
+            AppendQuantized<DT>(s, row, len[b], v_src, b, reinterpret_cast<uint8_t*>(v_out), vs_out);
+            return ffi::Error::Success();
+          });
+      if (err.failure()) return err;
+      continue;
+    }
     for (int64_t t = 0; t < s.tokens; ++t) {
       const int64_t pos = len[b] + t;
       for (int64_t h = 0; h < s.num_kv_heads; ++h) {
@@ -57,15 +112,21 @@ ffi::Error AppendCpu(JAX_OPS_KV_APPEND_PARAMS) {
   return ffi::Error::Success();
 }
 
-template <ffi::DataType DT>
+// Queries of dtype DT over pages of dtype PageDT (DT, or f8e4m3fn with k_scales / v_scales).
+template <ffi::DataType DT, ffi::DataType PageDT>
 void DecodeTyped(const Shape& s, const ffi::AnyBuffer& q_buf, const ffi::AnyBuffer& k_buf, const ffi::AnyBuffer& v_buf,
-                 const int32_t* table_all, const int32_t* lengths, double scale, double softcap, int64_t splits,
-                 void* o_raw, float* o_parts, float* lse_parts) {
+                 const float* k_scales, const float* v_scales, const int32_t* table_all, const int32_t* lengths,
+                 double scale, double softcap, int64_t splits, void* o_raw, float* o_parts, float* lse_parts) {
   using Tr = CpuDType<DT>;
+  using PageTr = CpuDType<PageDT>;
   using T = typename Tr::T;
+  using PageT = typename PageTr::T;
   const T* q = static_cast<const T*>(q_buf.untyped_data());
-  const T* kp = static_cast<const T*>(k_buf.untyped_data());
-  const T* vp = static_cast<const T*>(v_buf.untyped_data());
+  const PageT* kp = static_cast<const PageT*>(k_buf.untyped_data());
+  const PageT* vp = static_cast<const PageT*>(v_buf.untyped_data());
+  auto page_scale = [&](const float* scales, int64_t page, int64_t head) {
+    return s.quantized() ? double{scales[page * s.num_kv_heads + head]} : 1.0;
+  };
   T* o = static_cast<T*>(o_raw);
   const int64_t D = s.head_dim, G = s.group();
   const int64_t rows_total = s.batch * s.tokens * s.num_q_heads;
@@ -85,10 +146,10 @@ void DecodeTyped(const Shape& s, const ffi::AnyBuffer& q_buf, const ffi::AnyBuff
           double top = -std::numeric_limits<double>::infinity();
           for (int64_t key = lo; key < hi; ++key) {
             const int64_t page = std::clamp<int64_t>(table[key / s.page_size], 0, s.num_pages - 1);
-            const T* krow = kp + s.PageOffset(page, key % s.page_size, kvh);
+            const PageT* krow = kp + s.PageOffset(page, key % s.page_size, kvh);
             double dot = 0.0;
-            for (int64_t d = 0; d < D; ++d) dot += double{Tr::Load(qrow[d])} * double{Tr::Load(krow[d])};
-            double x = dot * scale;
+            for (int64_t d = 0; d < D; ++d) dot += double{Tr::Load(qrow[d])} * double{PageTr::Load(krow[d])};
+            double x = dot * page_scale(k_scales, page, kvh) * scale;
             if (softcap > 0.0) x = softcap * std::tanh(x / softcap);
             logits.push_back(x);
             top = std::fmax(top, x);
@@ -100,8 +161,9 @@ void DecodeTyped(const Shape& s, const ffi::AnyBuffer& q_buf, const ffi::AnyBuff
             const double p = std::exp(logits[key - lo] - offset);
             total += p;
             const int64_t page = std::clamp<int64_t>(table[key / s.page_size], 0, s.num_pages - 1);
-            const T* vrow = vp + s.PageOffset(page, key % s.page_size, kvh);
-            for (int64_t d = 0; d < D; ++d) acc[d] += p * double{Tr::Load(vrow[d])};
+            const PageT* vrow = vp + s.PageOffset(page, key % s.page_size, kvh);
+            const double pv = p * page_scale(v_scales, page, kvh);
+            for (int64_t d = 0; d < D; ++d) acc[d] += pv * double{PageTr::Load(vrow[d])};
           }
           const bool empty = total == 0.0;  // a NaN total is not empty: the NaN reaches o and lse
           if (splits == 1) {
@@ -121,17 +183,24 @@ void DecodeTyped(const Shape& s, const ffi::AnyBuffer& q_buf, const ffi::AnyBuff
 
 ffi::Error DecodeCpu(JAX_OPS_KV_DECODE_PARAMS) {
   Shape s;
-  JAX_OPS_RETURN_IF_ERROR(
-      CheckDecode(q, k_pages, v_pages, block_table, lengths, splits, merge_in_kernel, *o, *o_parts, *lse_parts, s));
+  JAX_OPS_RETURN_IF_ERROR(CheckDecode(q, k_pages, v_pages, k_scales, v_scales, block_table, lengths, splits,
+                                      merge_in_kernel, *o, *o_parts, *lse_parts, s));
   (void)tma_load;                   // a CUDA load-path choice
   if (merge_in_kernel) splits = 1;  // the merged result: the unsplit softmax, in double as every split
   const auto* table = static_cast<const int32_t*>(block_table.untyped_data());
   const auto* len = static_cast<const int32_t*>(lengths.untyped_data());
   auto* parts = static_cast<float*>(o_parts->untyped_data());
   auto* lse = static_cast<float*>(lse_parts->untyped_data());
-  return DispatchDType<ffi::DataType::F16, ffi::DataType::BF16, ffi::DataType::F32>(s.dtype, "k_pages", [&](auto tag) {
-    DecodeTyped<decltype(tag)::value>(s, q, k_pages, v_pages, table, len, scale, softcap, splits, o->untyped_data(),
-                                      parts, lse);
+  const auto* ks = static_cast<const float*>(k_scales.untyped_data());
+  const auto* vs = static_cast<const float*>(v_scales.untyped_data());
+  return DispatchDType<ffi::DataType::F16, ffi::DataType::BF16, ffi::DataType::F32>(s.dtype, "q", [&](auto tag) {
+    constexpr ffi::DataType DT = decltype(tag)::value;
+    if (s.quantized())
+      DecodeTyped<DT, ffi::DataType::F8E4M3FN>(s, q, k_pages, v_pages, ks, vs, table, len, scale, softcap, splits,
+                                               o->untyped_data(), parts, lse);
+    else
+      DecodeTyped<DT, DT>(s, q, k_pages, v_pages, ks, vs, table, len, scale, softcap, splits, o->untyped_data(), parts,
+                          lse);
     return ffi::Error::Success();
   });
 }

@@ -64,7 +64,7 @@ int ElemBytes(DT dt) {
   }
 }
 
-const char* Name(DT dt) { return GemmDTypeName(dt); }
+const char* Name(DT dt) { return DTypeName(dt); }
 
 // Stores v rounded to dt at dst; returns the stored value exactly.
 double Encode(DT dt, double v, uint8_t* dst) {

@@ -174,7 +174,7 @@ int RunCase(const Case& c, std::mt19937& rng) {
                     (void*)ap.lengths_out, (void*)ap.status, (void*)dp.q, dp.o, (void*)dp.o_parts, (void*)dp.lse_parts})
       if (p) CHECK(cudaFree(p));
   };
-  const cudaError_t launched = LaunchDecode<__half, kHeadDim>(nullptr, dp);
+  const cudaError_t launched = LaunchDecode<__half, kHeadDim, false>(nullptr, dp);
   if (launched == cudaErrorNotSupported && !IsHopper()) {  // TMA and clusters need sm_90a; on Hopper a refusal fails
     std::printf("D=%lld page=%lld: %s%s needs sm_90a: skipped\n", (long long)D, (long long)c.page_size,
                 LoadName(c.load), c.cluster ? " + cluster merge" : "");
@@ -296,7 +296,7 @@ int Speed() {
           CHECK(cudaMemset(dp.o_parts, 0xFF, kMaxSplits * out * sizeof(float)));
           CHECK(cudaMemset(dp.lse_parts, 0xFF, kMaxSplits * rows * sizeof(float)));
           const double us = 1e3 * jax_ops::tools::Median(jax_ops::tools::RoundTimesMs(
-                                      [&] { return LaunchDecode<__half, kHeadDim>(nullptr, dp); }, 3, 1, kReps));
+                                      [&] { return LaunchDecode<__half, kHeadDim, false>(nullptr, dp); }, 3, 1, kReps));
           const std::vector<double> got = DecodeResult(dp, rows, kHeadDim);
           if (first.empty()) first = got;
           double diff = 0;

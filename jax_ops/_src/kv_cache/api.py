@@ -31,7 +31,7 @@ def _check_tokens(name: str, value, cache: PagedKVCache) -> jax.Array:
             f"{name} must be [B, Hkv, D] or [B, T, Hkv, D] with (B, Hkv, D) = {want}, got shape "
             f"{tuple(value.shape)}"
         )
-    if np.dtype(value.dtype) != np.dtype(cache.k_pages.dtype):
+    if not cache.quantized and np.dtype(value.dtype) != np.dtype(cache.k_pages.dtype):
         raise TypeError(
             f"{name} has dtype {np.dtype(value.dtype)} but the cache pages are {cache.k_pages.dtype}"
         )
@@ -49,6 +49,11 @@ def append(
     """Writes one token (``[B, Hkv, D]``) or a chunk (``[B, T, Hkv, D]``) per request at ``lengths[b]``, returns
     the cache with ``lengths + T``.
 
+    float8 pages: each (page, kv head) the chunk writes gets the scale ``max(its scale so far, p)`` with ``p`` the
+    smallest power of two such that ``amax(new rows) <= 448 p`` (so far = nothing when the write starts at the
+    page's row 0); rows already in the page are re-scaled when the scale grows (exact, being a power of two).
+    Values round to nearest even; a page holding only zeros has scale 0.
+
     A request whose tokens would reach a block-table slot with no page (``-1``, out of range, or past
     ``max_pages``) is not written and keeps its length. Outside jit that raises ``ValueError`` naming the request;
     inside jit nothing is raised: pass ``return_status=True`` to get ``(cache, status [B] int32)`` with 0 = written,
@@ -60,6 +65,8 @@ def append(
     v = _check_tokens("v_new", v_new, cache)
     if k.shape != v.shape:
         raise ValueError(f"v_new has shape {tuple(v_new.shape)} but k_new has shape {tuple(k_new.shape)}")
+    if k.dtype != v.dtype:
+        raise TypeError(f"v_new has dtype {np.dtype(v.dtype)} but k_new has {np.dtype(k.dtype)}")
     path = dispatch.choose("kv_cache.append", implementation, unsupported=_append_unsupported())
     new, status = ffi.append_ffi(cache, k, v) if path == "ffi" else reference.append(cache, k, v)
     if return_status:
@@ -89,7 +96,8 @@ def decode(
 
     ``Hq`` a multiple of the cache's ``Hkv``; ``scale`` defaults to ``1/sqrt(D)``; ``softcap`` applies
     ``softcap * tanh(logits / softcap)`` to the scaled logits. fp32 softmax state; a query with no visible key
-    (length 0) returns 0. Returns q's shape and dtype.
+    (length 0) returns 0. Returns q's shape and dtype. ``q`` has the pages' dtype, or any of float16, bfloat16,
+    float32 over float8 pages (dequantised with their scales).
     """
     check_cache(cache)
     dispatch.check_implementation(implementation)
@@ -103,7 +111,7 @@ def decode(
         raise ValueError(f"q has head dim {D} but the cache pages have {cache.head_dim}")
     if Hq % cache.num_kv_heads:
         raise ValueError(f"q's {Hq} heads are not a multiple of the cache's {cache.num_kv_heads} kv heads")
-    if np.dtype(q.dtype) != np.dtype(cache.k_pages.dtype):
+    if not cache.quantized and np.dtype(q.dtype) != np.dtype(cache.k_pages.dtype):
         raise TypeError(f"q has dtype {np.dtype(q.dtype)} but the cache pages are {cache.k_pages.dtype}")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
@@ -113,7 +121,7 @@ def decode(
     path = dispatch.choose(
         "kv_cache.decode",
         implementation,
-        unsupported=heuristics.decode_unsupported(q.dtype, D),
+        unsupported=heuristics.decode_unsupported(q.dtype, cache.k_pages.dtype, D),
         default_on_cpu="xla",
     )
     if path == "ffi":

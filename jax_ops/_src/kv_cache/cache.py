@@ -12,23 +12,38 @@ from jax_ops._checks import check_array
 
 # The block-table entry of a slot with no page allocated.
 NO_PAGE = -1
+# Token / query dtypes, and the page dtypes stored as they are.
 DTYPES = (np.dtype(np.float16), np.dtype(jnp.bfloat16), np.dtype(np.float32))
+# Quantised pages: float8 e4m3 with a float32 scale per (page, kv head); a stored value means value * scale.
+FP8 = np.dtype(jnp.float8_e4m3fn)
+FP8_MAX = 448.0  # the largest finite e4m3 value: a page's scale maps its largest magnitude into (224, 448]
+PAGE_DTYPES = DTYPES + (FP8,)
 
 
 @dataclasses.dataclass(frozen=True)
 class PagedKVCache:
     """K and V page pools ``[P, page_size, Hkv, D]``, ``block_table [B, max_pages]`` int32 (page ids, ``-1`` for
     an unallocated slot) and ``lengths [B]`` int32 (tokens held per request). Token ``s`` of request ``b`` lives at
-    ``k_pages[block_table[b, s // page_size], s % page_size]``."""
+    ``k_pages[block_table[b, s // page_size], s % page_size]``.
+
+    float8 (e4m3) pools carry ``k_scales`` / ``v_scales [P, Hkv]`` float32: row ``r`` of head ``h`` in page ``p``
+    holds ``k_pages[p, r, h] * k_scales[p, h]``. Other pools have ``None`` there."""
 
     k_pages: jax.Array
     v_pages: jax.Array
     block_table: jax.Array
     lengths: jax.Array
+    k_scales: jax.Array | None = None
+    v_scales: jax.Array | None = None
 
     @property
     def num_pages(self) -> int:
         return self.k_pages.shape[0]
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the pools are float8 with per-(page, kv head) scales."""
+        return np.dtype(self.k_pages.dtype) == FP8
 
     @property
     def page_size(self) -> int:
@@ -61,7 +76,9 @@ class PagedKVCache:
 
 
 jax.tree_util.register_dataclass(
-    PagedKVCache, data_fields=["k_pages", "v_pages", "block_table", "lengths"], meta_fields=[]
+    PagedKVCache,
+    data_fields=["k_pages", "v_pages", "block_table", "lengths", "k_scales", "v_scales"],
+    meta_fields=[],
 )
 
 
@@ -74,7 +91,10 @@ def create(
     batch: int,
     max_pages: int,
 ) -> PagedKVCache:
-    """An empty cache: zero page pools, every block-table slot unallocated (``-1``), every length 0."""
+    """An empty cache: zero page pools, every block-table slot unallocated (``-1``), every length 0.
+
+    ``dtype`` float16, bfloat16 or float32 stores tokens as they are; ``jnp.float8_e4m3fn`` stores them quantised
+    with zero ``k_scales`` / ``v_scales [num_pages, num_kv_heads]`` (append sets them)."""
     for name, value in (
         ("num_pages", num_pages),
         ("page_size", page_size),
@@ -85,14 +105,17 @@ def create(
     ):
         if not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if np.dtype(dtype) not in DTYPES:
-        raise TypeError(f"dtype must be one of ({', '.join(map(str, DTYPES))}), got {np.dtype(dtype)}")
+    if np.dtype(dtype) not in PAGE_DTYPES:
+        raise TypeError(f"dtype must be one of ({', '.join(map(str, PAGE_DTYPES))}), got {np.dtype(dtype)}")
     shape = (num_pages, page_size, num_kv_heads, head_dim)
+    scales = jnp.zeros((num_pages, num_kv_heads), jnp.float32) if np.dtype(dtype) == FP8 else None
     return PagedKVCache(
         k_pages=jnp.zeros(shape, dtype),
         v_pages=jnp.zeros(shape, dtype),
         block_table=jnp.full((batch, max_pages), NO_PAGE, jnp.int32),
         lengths=jnp.zeros((batch,), jnp.int32),
+        k_scales=scales,
+        v_scales=scales,
     )
 
 
@@ -105,14 +128,29 @@ def check_cache(cache) -> PagedKVCache:
     """Trace-time shape/dtype checks of every field; outside jit also the contents of the table and lengths."""
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
-    k = check_array("cache.k_pages", cache.k_pages, dtypes=DTYPES)
-    v = check_array("cache.v_pages", cache.v_pages, dtypes=DTYPES)
+    k = check_array("cache.k_pages", cache.k_pages, dtypes=PAGE_DTYPES)
+    v = check_array("cache.v_pages", cache.v_pages, dtypes=PAGE_DTYPES)
     if k.ndim != 4:
         raise ValueError(f"cache.k_pages must be [P, page_size, Hkv, D], got shape {tuple(k.shape)}")
     if tuple(v.shape) != tuple(k.shape) or v.dtype != k.dtype:
         raise ValueError(
             f"cache.v_pages ({tuple(v.shape)}, {v.dtype}) must match cache.k_pages ({tuple(k.shape)}, {k.dtype})"
         )
+    for name in ("k_scales", "v_scales"):
+        scales = getattr(cache, name)
+        if not cache.quantized:
+            if scales is not None:
+                raise ValueError(
+                    f"cache.{name} must be None for {k.dtype} pages (only float8 pages are scaled)"
+                )
+            continue
+        if scales is None:
+            raise ValueError(f"cache.{name} [P, Hkv] float32 is required with float8 pages")
+        check_array(f"cache.{name}", scales, dtypes=(np.float32,))
+        if tuple(scales.shape) != (k.shape[0], k.shape[2]):
+            raise ValueError(
+                f"cache.{name} must have shape (P, Hkv) = {(k.shape[0], k.shape[2])}, got {tuple(scales.shape)}"
+            )
     table = check_array("cache.block_table", cache.block_table, dtypes=(np.int32,))
     lengths = check_array("cache.lengths", cache.lengths, dtypes=(np.int32,))
     if table.ndim != 2:

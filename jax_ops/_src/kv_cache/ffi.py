@@ -11,29 +11,45 @@ from jax_ops._src.attention.merge import merge_by_lse
 from jax_ops._src.kv_cache.cache import PagedKVCache
 
 
+def _scales(cache: PagedKVCache) -> tuple[jax.Array, jax.Array]:
+    """The scale operands: the cache's ``[P, Hkv]`` scales for float8 pages, else empty float32 arrays."""
+    if cache.quantized:
+        return cache.k_scales, cache.v_scales
+    empty = jnp.zeros((0,), jnp.float32)
+    return empty, empty
+
+
 def append_ffi(cache: PagedKVCache, k_new: jax.Array, v_new: jax.Array) -> tuple[PagedKVCache, jax.Array]:
-    """``k_new``/``v_new [B, T, Hkv, D]`` written in place into the pools (aliased: donate the cache under jit,
-    else XLA copies the pools first); returns the cache and the status ``[B]`` int32."""
+    """``k_new``/``v_new [B, T, Hkv, D]`` written in place into the pools and scales (aliased: donate the cache
+    under jit, else XLA copies them first); returns the cache and the status ``[B]`` int32."""
     B = cache.batch
+    k_scales, v_scales = _scales(cache)
+    like = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)  # noqa: E731
     shapes = (
-        jax.ShapeDtypeStruct(cache.k_pages.shape, cache.k_pages.dtype),
-        jax.ShapeDtypeStruct(cache.v_pages.shape, cache.v_pages.dtype),
+        like(cache.k_pages),
+        like(cache.v_pages),
+        like(k_scales),
+        like(v_scales),
         jax.ShapeDtypeStruct((B,), jnp.int32),
         jax.ShapeDtypeStruct((B,), jnp.int32),
     )
-    k_pages, v_pages, lengths, status = _ffi.ffi_call(
+    k_pages, v_pages, k_scales, v_scales, lengths, status = _ffi.ffi_call(
         "jax_ops_kv_cache_append",
         shapes,
         cache.k_pages,
         cache.v_pages,
+        k_scales,
+        v_scales,
         cache.block_table,
         cache.lengths,
         k_new,
         v_new,
-        input_output_aliases={0: 0, 1: 1},
+        input_output_aliases={0: 0, 1: 1, 2: 2, 3: 3},
         vmap_method="sequential",
     )
-    new = PagedKVCache(k_pages=k_pages, v_pages=v_pages, block_table=cache.block_table, lengths=lengths)
+    if not cache.quantized:
+        k_scales = v_scales = None
+    new = PagedKVCache(k_pages, v_pages, cache.block_table, lengths, k_scales, v_scales)
     return new, status
 
 
@@ -63,6 +79,7 @@ def decode_ffi(
         q,
         cache.k_pages,
         cache.v_pages,
+        *_scales(cache),
         cache.block_table,
         cache.lengths,
         scale=np.float32(scale),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from jax_ops import _ffi
@@ -47,8 +48,9 @@ def kernel_options(splits: int) -> dict:
     return dict(tma_load=load == "tma", merge_in_kernel=merge == "kernel" and 2 <= splits <= most)
 
 
-def decode_unsupported(dtype, head_dim: int) -> str | None:
-    """Why our decode kernel cannot run these inputs on this platform (None when it can)."""
+def decode_unsupported(dtype, page_dtype, head_dim: int) -> str | None:
+    """Why our decode kernel cannot run queries of ``dtype`` over ``page_dtype`` pages on this platform (None when
+    it can)."""
     if "jax_ops_kv_cache_decode" not in _ffi.target_names("cpu"):
         return "this build has no kv_cache targets"
     if dispatch.platform() != "gpu":
@@ -57,9 +59,9 @@ def decode_unsupported(dtype, head_dim: int) -> str | None:
         return "this build has no CUDA kernels"
     consts = _ffi.constants()
     if np.dtype(dtype).name not in consts["kv_cache_cuda_dtypes"]:
-        return (
-            f"the CUDA paged decode reads {consts['kv_cache_cuda_dtypes']} pages, not {np.dtype(dtype).name}"
-        )
+        return f"the CUDA paged decode takes {consts['kv_cache_cuda_dtypes']} queries, not {np.dtype(dtype).name}"
+    if np.dtype(page_dtype) not in (np.dtype(dtype), np.dtype(jnp.float8_e4m3fn)):
+        return f"the CUDA paged decode reads pages of q's dtype or float8_e4m3fn, not {np.dtype(page_dtype).name}"
     if head_dim not in consts["kv_cache_cuda_decode_head_dims"]:
         return f"the CUDA paged decode supports head dims {consts['kv_cache_cuda_decode_head_dims']}, not {head_dim}"
     return None

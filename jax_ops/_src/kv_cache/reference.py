@@ -9,7 +9,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jax_ops._src.kv_cache.cache import PagedKVCache
+from jax_ops._src.kv_cache.cache import FP8_MAX, PagedKVCache
 
 # append's per-request status codes (ffi_cuda/kv_cache/params.h).
 STATUS_OK = 0
@@ -32,12 +32,78 @@ def append(cache: PagedKVCache, k_new: jax.Array, v_new: jax.Array) -> tuple[Pag
     # A failed request's tokens go to page P (out of range): mode="drop" skips them.
     target = jnp.where(ok[:, None], page_id, P)
     offset = pos % page
-    k_pages = cache.k_pages.at[target, offset].set(k_new.astype(cache.k_pages.dtype), mode="drop")
-    v_pages = cache.v_pages.at[target, offset].set(v_new.astype(cache.v_pages.dtype), mode="drop")
     lengths = cache.lengths + jnp.where(ok, T, 0).astype(jnp.int32)
     status = jnp.where(ok, STATUS_OK, STATUS_PAST_ALLOCATED_PAGES).astype(jnp.int32)
-    new = PagedKVCache(k_pages=k_pages, v_pages=v_pages, block_table=cache.block_table, lengths=lengths)
-    return new, status
+    if cache.quantized:
+        k_pages, k_scales = _append_quantized(cache, cache.k_pages, cache.k_scales, k_new, ok)
+        v_pages, v_scales = _append_quantized(cache, cache.v_pages, cache.v_scales, v_new, ok)
+        new = PagedKVCache(k_pages, v_pages, cache.block_table, lengths, k_scales, v_scales)
+        return new, status
+    k_pages = cache.k_pages.at[target, offset].set(k_new.astype(cache.k_pages.dtype), mode="drop")
+    v_pages = cache.v_pages.at[target, offset].set(v_new.astype(cache.v_pages.dtype), mode="drop")
+    return PagedKVCache(
+        k_pages=k_pages, v_pages=v_pages, block_table=cache.block_table, lengths=lengths
+    ), status
+
+
+def fp8_scale(amax: jax.Array) -> jax.Array:
+    """The smallest power of two ``p`` with ``amax <= 448 p``, kept in [2^-126, 2^118]; 0 for 0, ``amax`` itself
+    when NaN or infinite (``Fp8Scale`` in ffi_cuda/kv_cache/params.h)."""
+    m, k = jnp.frexp(amax)
+    j = jnp.clip(jnp.where(m <= 0.875, k - 9, k - 8), -126, 118)
+    p = jax.lax.bitcast_convert_type(((j + 127) << 23).astype(jnp.int32), jnp.float32)
+    return jnp.where((amax > 0) & jnp.isfinite(amax), p, amax)
+
+
+def quantize(x: jax.Array, scale: jax.Array) -> jax.Array:
+    """float32 ``x / scale`` for a power-of-two scale (exact: a multiply by its inverse, built from the exponent
+    bits) rounded to the nearest float8 e4m3, ties to even, saturating at ±448; 0 where the scale is 0 or not
+    finite."""
+    bits = jax.lax.bitcast_convert_type(scale.astype(jnp.float32), jnp.int32)
+    inverse = jax.lax.bitcast_convert_type(jnp.int32(254 << 23) - bits, jnp.float32)
+    inverse = jnp.where((scale > 0) & jnp.isfinite(scale), inverse, 0.0)
+    return jnp.clip(x * inverse, -FP8_MAX, FP8_MAX).astype(jnp.float8_e4m3fn)
+
+
+def _append_quantized(cache: PagedKVCache, pages, scales, new, ok):
+    """The float8 append of one pool (rules in api.append): per (request, page written, kv head) the new scale,
+    the page's earlier rows re-quantised where it grew, then the new rows."""
+    B, T, Hkv, D = new.shape
+    P, page = cache.num_pages, cache.page_size
+    f32 = jnp.float32
+    length = cache.lengths
+    first_slot, row0 = length // page, length % page  # [B]
+    segments = (T + page - 1) // page + 1  # pages a chunk of T rows can touch
+    seg_slot = first_slot[:, None] + jnp.arange(segments, dtype=jnp.int32)[None]  # [B, segments]
+    seg_used = ok[:, None] & (seg_slot * page < (length + T)[:, None])
+    seg_page = jnp.take_along_axis(cache.block_table, jnp.clip(seg_slot, 0, cache.max_pages - 1), axis=1)
+    seg_target = jnp.where(seg_used, seg_page, P)  # P: dropped
+    t_seg = (length[:, None] + jnp.arange(T, dtype=jnp.int32)[None]) // page - first_slot[:, None]  # [B, T]
+    x = new.astype(f32)
+    row_amax = jnp.max(jnp.abs(x), axis=-1)  # [B, T, Hkv]
+    b_idx = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
+    amax = jnp.zeros((B, segments, Hkv), f32).at[b_idx, t_seg].max(row_amax)
+    old = jnp.where(
+        (jnp.arange(segments)[None, :, None] == 0) & (row0[:, None, None] > 0),
+        scales[jnp.clip(seg_page, 0, P - 1)],
+        0.0,
+    )
+    scale = jnp.maximum(old, fp8_scale(amax))  # [B, segments, Hkv]
+    # The first page's rows before row0 re-quantised to its new scale where it grew.
+    first_page = jnp.clip(seg_page[:, 0], 0, P - 1)
+    grew = ok & (row0 > 0)  # [B]; per head below
+    regrown = quantize(pages[first_page].astype(f32) * old[:, 0, None, :, None], scale[:, 0, None, :, None])
+    keep_old = (jnp.arange(page)[None, :, None] >= row0[:, None, None]) | ~(scale[:, 0] > old[:, 0])[
+        :, None, :
+    ]
+    first_rows = jnp.where(keep_old[..., None], pages[first_page], regrown)  # [B, page, Hkv, D]
+    pages = pages.at[jnp.where(grew, first_page, P)].set(first_rows, mode="drop")
+    t_scale = jnp.take_along_axis(scale, t_seg[:, :, None], axis=1)  # [B, T, Hkv]
+    pos = length[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+    target = jnp.where(ok[:, None], jnp.take_along_axis(seg_target, t_seg, axis=1), P)
+    pages = pages.at[target, pos % page].set(quantize(x, t_scale[..., None]), mode="drop")
+    scales = scales.at[seg_target].set(scale, mode="drop")
+    return pages, scales
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "softcap"))
@@ -63,6 +129,9 @@ def decode(q: jax.Array, cache: PagedKVCache, *, scale: float, softcap: float | 
         page_id = jnp.clip(cache.block_table[:, j], 0, cache.num_pages - 1)
         kp = cache.k_pages[page_id].astype(f32)  # [B, page, Hkv, D]: one page per request
         vp = cache.v_pages[page_id].astype(f32)
+        if cache.quantized:
+            kp = kp * cache.k_scales[page_id][:, None, :, None].astype(f32)
+            vp = vp * cache.v_scales[page_id][:, None, :, None].astype(f32)
         logits = jnp.einsum("btkgd,bskd->bkgts", qf, kp, precision=jax.lax.Precision.HIGHEST)
         if softcap is not None:
             logits = softcap * jnp.tanh(logits / softcap)
@@ -92,10 +161,14 @@ def decode(q: jax.Array, cache: PagedKVCache, *, scale: float, softcap: float | 
 
 @jax.jit
 def copy_pages(cache: PagedKVCache, src: jax.Array, dst: jax.Array) -> PagedKVCache:
-    """Copies pages ``src[i]`` to ``dst[i]`` in both pools (the copy-on-write copies of the BlockManager)."""
+    """Copies pages ``src[i]`` to ``dst[i]`` in both pools and their scales (the copy-on-write copies of the
+    BlockManager)."""
+    copy = lambda x: None if x is None else x.at[dst].set(x[src])  # noqa: E731
     return PagedKVCache(
-        k_pages=cache.k_pages.at[dst].set(cache.k_pages[src]),
-        v_pages=cache.v_pages.at[dst].set(cache.v_pages[src]),
+        k_pages=copy(cache.k_pages),
+        v_pages=copy(cache.v_pages),
         block_table=cache.block_table,
         lengths=cache.lengths,
+        k_scales=copy(cache.k_scales),
+        v_scales=copy(cache.v_scales),
     )
