@@ -6,7 +6,9 @@ ragged lengths (uniform in [L/2, L]). ``--quick``: L = 1k, 8k, 32k, the B=4 GQA 
 The page table holds a random permutation of a pool exactly as big as the requests need (shuffled pages).
 
 Rows per case:
-- ``jax_ops paged``: ``kv_cache.decode(q, cache)`` (``implementation=None``); ``jax_ops paged xla``: its jnp
+- ``jax_ops paged``: ``kv_cache.decode(q, cache)`` (``implementation=None``); ``jax_ops paged fp8``: the same
+  over ``kv_cache.to_float8(cache)`` (float8 pages, fp16 queries; its TBps counts the float8 bytes it reads, its
+  rel_l2_err includes the quantisation); ``jax_ops paged xla``: its jnp
   reference (``implementation="xla"``, skipped in ``--quick`` at L >= 32k, where it takes tens of ms);
   ``jax_ops paged tma`` / ``kernel-merge`` / ``tma+kernel-merge`` (GPU): the CUDA decode with the variants that
   are off by default (``KERNEL_VARIANTS``: the kv_cache ``load`` / ``merge`` knobs).
@@ -29,7 +31,8 @@ scatter pair``, ``implementation="xla"``), the cache donated and carried through
 APPENDS_PER_TRIP times in a row at successive positions (as a model's layers do in one step, so the loop's own
 cost is amortised; ``time_us`` is per append) and then resets the lengths, so each trip writes the same slots;
 ``TBps`` is bytes written / time, ``vs_xla`` the scatter pair's time / this row's, ``max_abs_err`` compares the
-written tokens read back and both pools with the scatter pair's.
+written tokens read back and both pools with the scatter pair's. ``jax_ops append fp8``: the same tokens
+quantised into float8 pages (``vs_xla`` against the fp16 scatter pair; ``max_abs_err`` not computed).
 
 On a CPU: tiny float32 cases; no cuDNN; the Pallas kernel (Triton) runs once in interpret mode for its error only.
 """
@@ -200,8 +203,10 @@ def _decode_rows(ctx, c: dict, on_gpu: bool) -> list[dict]:
     seq_lengths = cache.lengths if c["ragged"] else None
     pallas_table = jnp.maximum(cache.block_table, 0)  # its compute blocks may read unused slots (masked)
     pallas_pools = tuple(p.transpose(2, 0, 1, 3) for p in (cache.k_pages, cache.v_pages))
+    fp8_cache = kc.to_float8(cache)
     impls = {
         "jax_ops paged": (lambda q, cache: kc.decode(q, cache), (cache,)),
+        "jax_ops paged fp8": (lambda q, cache: kc.decode(q, cache), (fp8_cache,)),
         **(
             {f"jax_ops paged {name}": (_variant(knobs), (cache,)) for name, knobs in KERNEL_VARIANTS.items()}
             if on_gpu
@@ -243,10 +248,11 @@ def _decode_rows(ctx, c: dict, on_gpu: bool) -> list[dict]:
             row["note"] = _failed(e)
             continue
         times[impl] = t
+        read = kv_bytes // itemsize if impl == "jax_ops paged fp8" else kv_bytes  # float8: one byte a value
         row.update(
             time_us=t * 1e6,
-            TBps=kv_bytes / t / 1e12,
-            frac_copy=kv_bytes / t / 1e9 / ctx.ceilings.copy_gbps,
+            TBps=read / t / 1e12,
+            frac_copy=read / t / 1e9 / ctx.ceilings.copy_gbps,
             temp_MiB=(temp or 0) / 2**20,
         )
         if "paged" in impl and temp is not None and temp >= gathered_bytes:
@@ -278,7 +284,13 @@ def _append_rows(c: dict, on_gpu: bool) -> list[dict]:
     ref = kc.append(cache, k_new, v_new, implementation="xla")
     rows: list[dict] = []
     times: dict[str, float] = {}
-    for impl, implementation in (("jax_ops append", None), ("xla scatter pair", "xla")):
+    fp8_cache = kc.to_float8(cache)
+    variants = (
+        ("jax_ops append", None, cache),
+        ("xla scatter pair", "xla", cache),
+        ("jax_ops append fp8", None, fp8_cache),
+    )
+    for impl, implementation, start in variants:
         row = {"case": name, "dtype": jnp.dtype(dtype).name, "impl": impl, "time_us": None}
         rows.append(row)
 
@@ -294,26 +306,27 @@ def _append_rows(c: dict, on_gpu: bool) -> list[dict]:
             return dataclasses.replace(out, lengths=cache.lengths)
 
         try:
-            out = jax.jit(fn)(cache, k_new, v_new)
-            errs = [
-                jnp.max(jnp.abs(got[page_ids, offsets].astype(jnp.float32) - new.reshape(B, T, Hkv, D)))
-                for got, new in ((out.k_pages, k_new), (out.v_pages, v_new))
-            ]
-            errs += [
-                jnp.max(jnp.abs(a.astype(jnp.float32) - b))
-                for a, b in ((out.k_pages, ref.k_pages), (out.v_pages, ref.v_pages))
-            ]
-            row["max_abs_err"] = max(float(e) for e in errs)
-            if not np.array_equal(np.asarray(out.lengths), np.asarray(cache.lengths) + T):
+            out = jax.jit(fn)(start, k_new, v_new)
+            if not start.quantized:  # the tokens read back, and both pools against the scatter pair's
+                errs = [
+                    jnp.max(jnp.abs(got[page_ids, offsets].astype(jnp.float32) - new.reshape(B, T, Hkv, D)))
+                    for got, new in ((out.k_pages, k_new), (out.v_pages, v_new))
+                ] + [
+                    jnp.max(jnp.abs(a.astype(jnp.float32) - b))
+                    for a, b in ((out.k_pages, ref.k_pages), (out.v_pages, ref.v_pages))
+                ]
+                row["max_abs_err"] = max(float(e) for e in errs)
+            if not np.array_equal(np.asarray(out.lengths), np.asarray(start.lengths) + T):
                 row["note"] = "lengths after append are not lengths + T"
-            temp = compiled_temp_bytes(fn, cache, k_new, v_new, donate_argnums=(0,))
-            carry = jax.tree_util.tree_map(jnp.copy, cache)  # donated to the loop: `cache` stays valid
+            temp = compiled_temp_bytes(fn, start, k_new, v_new, donate_argnums=(0,))
+            carry = jax.tree_util.tree_map(jnp.copy, start)  # donated to the loop: `start` stays valid
             t = time_loop(step, carry, k_new, v_new, donate_carry=True) / APPENDS_PER_TRIP
         except Exception as e:  # noqa: BLE001
             row["note"] = _failed(e)
             continue
         times[impl] = t
-        row.update(time_us=t * 1e6, TBps=written_bytes / t / 1e12, temp_MiB=(temp or 0) / 2**20)
+        written = written_bytes // jnp.dtype(dtype).itemsize if start.quantized else written_bytes
+        row.update(time_us=t * 1e6, TBps=written / t / 1e12, temp_MiB=(temp or 0) / 2**20)
     for row in rows:
         if row["time_us"] and "xla scatter pair" in times:
             row["vs_xla"] = times["xla scatter pair"] / (row["time_us"] / 1e6)

@@ -9,22 +9,13 @@ from helpers import rel_err, tol
 from test_kv_cache import nn_reference, random_cache
 
 from jax_ops import kv_cache as kc
-from jax_ops._src.kv_cache import reference
 
 FP8 = jnp.float8_e4m3fn
 PAGE = 8
 
 
 def quantized(cache):
-    """``cache`` stored as float8 pages, each (page, kv head) with append's scale for its amax."""
-
-    def pool(pages):
-        x = pages.astype(jnp.float32)
-        scale = reference.fp8_scale(jnp.max(jnp.abs(x), axis=(1, 3)))
-        return reference.quantize(x, scale[:, None, :, None]), scale
-
-    (kp, ks), (vp, vs) = pool(cache.k_pages), pool(cache.v_pages)
-    return kc.PagedKVCache(kp, vp, cache.block_table, cache.lengths, ks, vs)
+    return kc.to_float8(cache)
 
 
 def dequantized(cache):

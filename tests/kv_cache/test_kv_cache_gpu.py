@@ -1,5 +1,6 @@
 """The CUDA paged decode and append against a float64 reference and the jnp path, at serving sizes: D 64/128/256,
-fp16/bf16, page sizes 16 and 64, GQA 1/4/8, chunks, softcap, every split choice forced once."""
+fp16/bf16 queries over pages of their dtype or float8, page sizes 16 and 64, GQA 1/4/8, chunks, softcap, every
+split choice forced once."""
 
 import jax
 import jax.numpy as jnp
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 from helpers import rel_err, tol
 from test_kv_cache import gathered, random_cache
+from test_kv_cache_fp8 import dequantized, quantized
 
 from jax_ops import kv_cache as kc
 
@@ -183,3 +185,82 @@ def test_cuda_decode_nan_stays_in_its_row(options, splits):
     assert np.isfinite(out[rest]).all()
     ref = float64_reference(jnp.asarray(np.nan_to_num(q))[:, None], cache)[:, 0]
     assert rel_err(out[rest], ref[rest]) < tol(jnp.float16)
+
+
+# ---------------------------------------------------------------- float8 pages
+
+
+@pytest.mark.parametrize("q_dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("splits", [None, 1, 5])
+@pytest.mark.parametrize("merge", ["xla", "kernel"])
+def test_cuda_fp8_decode_matches_float64(case, q_dtype, splits, merge):
+    """float8 pages against float64 attention over the dequantised cache (the dequantisation is exact; the kernel
+    rounds each dequantised K/V value to the query dtype once)."""
+    lengths, page, hq, hkv, d, T = CASES[case]
+    rng = np.random.default_rng(case * 5 + (splits or 0))
+    cache = quantized(
+        random_cache(
+            rng, lengths=lengths, page_size=page, hkv=hkv, d=d, dtype=jnp.float32, shared_prefix_pages=1
+        )
+    )
+    shape = (len(lengths), T, hq, d) if T > 1 else (len(lengths), hq, d)
+    q = jnp.asarray(rng.standard_normal(shape), q_dtype)
+    with kc.overrides(splits=splits, merge=merge):
+        out = poisoned_run(jax.jit(lambda q, c: kc.decode(q, c, implementation="ffi")), q, cache)
+    ref = float64_reference(q if T > 1 else q[:, None], dequantized(cache))
+    ref = ref if T > 1 else ref[:, 0]
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert np.all(np.isfinite(np.asarray(out, np.float32)))
+    assert rel_err(out, ref) < tol(q_dtype)
+    assert np.all(np.asarray(out, np.float32)[np.asarray(cache.lengths) == 0] == 0)
+
+
+@pytest.mark.parametrize("token_dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("T", [1, 16, 37])
+def test_cuda_fp8_append_matches_the_jnp_path(T, token_dtype):
+    """The CUDA float8 append stores the jnp path's bytes and scales (both exact up to the final rounding), over
+    pages already holding tokens (scales that grow, rows re-scaled) and pages written from row 0."""
+    rng = np.random.default_rng(T)
+    lengths = [0, 15, 16, 100]
+    cache = quantized(
+        random_cache(rng, lengths=[x + T for x in lengths], page_size=16, hkv=8, d=128, dtype=jnp.float32)
+    )
+    cache = cache.replace(lengths=jnp.asarray(lengths, jnp.int32))
+    scale = jnp.asarray([0.5, 1.0, 3.0, 40.0])[:, None, None, None]  # some requests grow their page's scale
+    k = (scale * rng.standard_normal((4, T, 8, 128))).astype(token_dtype)
+    v = (scale * rng.standard_normal((4, T, 8, 128))).astype(token_dtype)
+    run = lambda impl: jax.jit(lambda c, k, v: kc.append(c, k, v, return_status=True, implementation=impl))  # noqa: E731
+    ours, status = run("ffi")(cache, k, v)
+    ref, ref_status = run("xla")(cache, k, v)
+    np.testing.assert_array_equal(status, ref_status)
+    np.testing.assert_array_equal(ours.lengths, ref.lengths)
+    for name in ("k_pages", "v_pages"):
+        got, want = (np.asarray(getattr(c, name)).view(np.uint8) for c in (ours, ref))
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    for name in ("k_scales", "v_scales"):
+        np.testing.assert_array_equal(getattr(ours, name), getattr(ref, name), err_msg=name)
+
+
+def test_cuda_fp8_serving_loop_matches_float64():
+    """append then decode token by token under jit, float8 pages donated, bf16 tokens and queries."""
+    rng = np.random.default_rng(3)
+    B, hkv, hq, d, page, steps = 4, 8, 32, 128, 16, 24
+    start = [0, 10, 31, 100]
+    cache = quantized(
+        random_cache(rng, lengths=[x + steps for x in start], page_size=page, hkv=hkv, d=d, dtype=jnp.float32)
+    )
+    cache = cache.replace(lengths=jnp.asarray(start, jnp.int32))
+
+    def step(cache, k, v, q):
+        cache = kc.append(cache, k, v, implementation="ffi")
+        return cache, kc.decode(q, cache, implementation="ffi")
+
+    step = jax.jit(step, donate_argnums=0)
+    for _ in range(steps):
+        k, v, q = (
+            jnp.asarray(rng.standard_normal(s), jnp.bfloat16) for s in ((B, hkv, d), (B, hkv, d), (B, hq, d))
+        )
+        cache, out = step(cache, k, v, q)
+    ref = float64_reference(q[:, None], dequantized(cache))[:, 0]
+    assert rel_err(out, ref) < tol(jnp.bfloat16)

@@ -119,6 +119,41 @@ def create(
     )
 
 
+def fp8_scale(amax: jax.Array) -> jax.Array:
+    """The smallest power of two ``p`` with ``amax <= 448 p``, kept in [2^-126, 2^118]; 0 for 0, ``amax`` itself
+    when NaN or infinite (``Fp8Scale`` in ffi_cuda/kv_cache/params.h)."""
+    m, k = jnp.frexp(amax)
+    j = jnp.clip(jnp.where(m <= 0.875, k - 9, k - 8), -126, 118)
+    p = jax.lax.bitcast_convert_type(((j + 127) << 23).astype(jnp.int32), jnp.float32)
+    return jnp.where((amax > 0) & jnp.isfinite(amax), p, amax)
+
+
+def quantize(x: jax.Array, scale: jax.Array) -> jax.Array:
+    """float32 ``x / scale`` for a power-of-two scale (exact: a multiply by its inverse, built from the exponent
+    bits) rounded to the nearest float8 e4m3, ties to even, saturating at ±448; 0 where the scale is 0 or not
+    finite."""
+    bits = jax.lax.bitcast_convert_type(scale.astype(jnp.float32), jnp.int32)
+    inverse = jax.lax.bitcast_convert_type(jnp.int32(254 << 23) - bits, jnp.float32)
+    inverse = jnp.where((scale > 0) & jnp.isfinite(scale), inverse, 0.0)
+    return jnp.clip(x * inverse, -FP8_MAX, FP8_MAX).astype(jnp.float8_e4m3fn)
+
+
+def to_float8(cache: PagedKVCache) -> PagedKVCache:
+    """``cache`` with float8 pages: each (page, kv head) quantised under the scale ``append`` would give its
+    largest magnitude (the smallest power of two p with amax <= 448 p)."""
+    check_cache(cache)
+    if cache.quantized:
+        return cache
+
+    def pool(pages):
+        x = pages.astype(jnp.float32)
+        scales = fp8_scale(jnp.max(jnp.abs(x), axis=(1, 3)))
+        return quantize(x, scales[:, None, :, None]), scales
+
+    (k, k_scales), (v, v_scales) = pool(cache.k_pages), pool(cache.v_pages)
+    return PagedKVCache(k, v, cache.block_table, cache.lengths, k_scales, v_scales)
+
+
 def is_concrete(*values) -> bool:
     """True when every value is a concrete array (eager mode), so its contents can be checked on the host."""
     return not any(isinstance(v, jax.core.Tracer) for v in values)

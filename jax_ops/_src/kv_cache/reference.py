@@ -9,7 +9,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jax_ops._src.kv_cache.cache import FP8_MAX, PagedKVCache
+from jax_ops._src.kv_cache.cache import PagedKVCache, fp8_scale, quantize
 
 # append's per-request status codes (ffi_cuda/kv_cache/params.h).
 STATUS_OK = 0
@@ -44,25 +44,6 @@ def append(cache: PagedKVCache, k_new: jax.Array, v_new: jax.Array) -> tuple[Pag
     return PagedKVCache(
         k_pages=k_pages, v_pages=v_pages, block_table=cache.block_table, lengths=lengths
     ), status
-
-
-def fp8_scale(amax: jax.Array) -> jax.Array:
-    """The smallest power of two ``p`` with ``amax <= 448 p``, kept in [2^-126, 2^118]; 0 for 0, ``amax`` itself
-    when NaN or infinite (``Fp8Scale`` in ffi_cuda/kv_cache/params.h)."""
-    m, k = jnp.frexp(amax)
-    j = jnp.clip(jnp.where(m <= 0.875, k - 9, k - 8), -126, 118)
-    p = jax.lax.bitcast_convert_type(((j + 127) << 23).astype(jnp.int32), jnp.float32)
-    return jnp.where((amax > 0) & jnp.isfinite(amax), p, amax)
-
-
-def quantize(x: jax.Array, scale: jax.Array) -> jax.Array:
-    """float32 ``x / scale`` for a power-of-two scale (exact: a multiply by its inverse, built from the exponent
-    bits) rounded to the nearest float8 e4m3, ties to even, saturating at ±448; 0 where the scale is 0 or not
-    finite."""
-    bits = jax.lax.bitcast_convert_type(scale.astype(jnp.float32), jnp.int32)
-    inverse = jax.lax.bitcast_convert_type(jnp.int32(254 << 23) - bits, jnp.float32)
-    inverse = jnp.where((scale > 0) & jnp.isfinite(scale), inverse, 0.0)
-    return jnp.clip(x * inverse, -FP8_MAX, FP8_MAX).astype(jnp.float8_e4m3fn)
 
 
 def _append_quantized(cache: PagedKVCache, pages, scales, new, ok):
