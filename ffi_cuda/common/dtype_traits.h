@@ -22,6 +22,13 @@ inline float BitsToFloat(uint32_t u) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+// A non-negative float below 2^24 rounded to the nearest integer, ties to even: a subnormal's mantissa.
+inline int32_t RoundHalfEven(float x) {
+  int32_t r = static_cast<int32_t>(x);
+  const float frac = x - static_cast<float>(r);
+  if (frac > 0.5f || (frac == 0.5f && (r & 1))) ++r;
+  return r;
+}
 inline uint32_t FloatToBits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -59,11 +66,7 @@ inline uint16_t FloatToHalf(float f) {
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: inf
   if (abs < 0x38800000u) {                        // below the smallest normal (2^-14): subnormal or 0
     // value * 2^24 rounded to nearest even, as an integer mantissa.
-    const float scaled = BitsToFloat(abs) * 16777216.0f;
-    float r = static_cast<float>(static_cast<int32_t>(scaled));
-    const float frac = scaled - r;
-    if (frac > 0.5f || (frac == 0.5f && (static_cast<int32_t>(r) & 1))) r += 1.0f;
-    return sign | static_cast<uint16_t>(static_cast<int32_t>(r));
+    return sign | static_cast<uint16_t>(RoundHalfEven(BitsToFloat(abs) * 16777216.0f));
   }
   // normal: rebias exponent, round mantissa from 23 to 10 bits (nearest even)
   uint32_t v = abs - (112u << 23);
@@ -89,13 +92,8 @@ inline uint8_t FloatToE4m3fn(float f) {
   const uint32_t abs = u & 0x7fffffffu;
   if (abs > 0x7f800000u) return sign | 0x7fu;   // NaN
   if (abs >= 0x43e00000u) return sign | 0x7eu;  // >= 448: saturate
-  if (abs < 0x3c800000u) {                      // below the smallest normal (2^-6): value * 2^9, nearest even
-    const float scaled = BitsToFloat(abs) * 512.0f;
-    float r = static_cast<float>(static_cast<int32_t>(scaled));
-    const float frac = scaled - r;
-    if (frac > 0.5f || (frac == 0.5f && (static_cast<int32_t>(r) & 1))) r += 1.0f;
-    return sign | static_cast<uint8_t>(static_cast<int32_t>(r));  // 8 is the smallest normal's encoding
-  }
+  if (abs < 0x3c800000u)  // below the smallest normal (2^-6): value * 2^9, nearest even (8: the smallest normal)
+    return sign | static_cast<uint8_t>(RoundHalfEven(BitsToFloat(abs) * 512.0f));
   uint32_t v = abs - (120u << 23);  // rebias, then round the mantissa from 23 to 3 bits (nearest even)
   v += 0x7ffffu + ((v >> 20) & 1u);
   const uint32_t bits = v >> 20;

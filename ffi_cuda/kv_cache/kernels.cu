@@ -62,18 +62,25 @@ __device__ bool RequestFits(const AppendArgs& a, int64_t b) {
   return __syncthreads_and(ok);
 }
 
+// The append kernels' common start: whether request b fits (every thread of the CTA must call it); CTA 0 of the
+// request writes its status and new length.
+__device__ bool AdmitRequest(const AppendArgs& a, int64_t b) {
+  const bool fits = RequestFits(a, b);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    const int64_t length = a.lengths[b];
+    a.status[b] = fits ? kStatusOk : kStatusPastAllocatedPages;
+    a.lengths_out[b] = static_cast<int32_t>(fits ? length + a.shape.tokens : length);
+  }
+  return fits;
+}
+
 // grid (CTAs per request, B): request blockIdx.y's T * Hkv head rows, `Vec` bytes a thread per step.
 template <typename Vec>
 __global__ void __launch_bounds__(kAppendThreads) PagedAppendKernel(const AppendArgs a) {
   const Shape& s = a.shape;
   const int64_t b = blockIdx.y;
-  const bool fits = RequestFits(a, b);
+  if (!AdmitRequest(a, b)) return;
   const int64_t length = a.lengths[b];
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    a.status[b] = fits ? kStatusOk : kStatusPastAllocatedPages;
-    a.lengths_out[b] = fits ? static_cast<int32_t>(length + s.tokens) : static_cast<int32_t>(length);
-  }
-  if (!fits) return;
   const int64_t row_vecs = s.head_dim * a.elem_bytes / static_cast<int64_t>(sizeof(Vec));
   const int64_t total = s.tokens * s.num_kv_heads * row_vecs;
   const int64_t src_base = b * total;  // k_new / v_new [B, T, Hkv, D] in Vec units
@@ -151,13 +158,8 @@ template <typename Src>
 __global__ void __launch_bounds__(kAppendThreads) PagedAppendFp8Kernel(const AppendArgs a) {
   const Shape& s = a.shape;
   const int64_t b = blockIdx.y;
-  const bool fits = RequestFits(a, b);
+  if (!AdmitRequest(a, b)) return;
   const int64_t length = a.lengths[b];
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    a.status[b] = fits ? kStatusOk : kStatusPastAllocatedPages;
-    a.lengths_out[b] = fits ? static_cast<int32_t>(length + s.tokens) : static_cast<int32_t>(length);
-  }
-  if (!fits) return;
   const int64_t h = blockIdx.x % s.num_kv_heads, slot = length / s.page_size + blockIdx.x / s.num_kv_heads;
   const int64_t base = slot * s.page_size, end = length + s.tokens;
   if (base >= end) return;

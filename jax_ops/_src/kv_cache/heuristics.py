@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
 from jax_ops import _ffi
 from jax_ops._src import dispatch
+from jax_ops._src.kv_cache.cache import FP8
 from jax_ops._src.kv_cache.config import KNOBS
 
 # Split-KV: split each request's keys so that (16-row query blocks x kv heads x requests x splits) CTAs fill one
@@ -60,7 +60,7 @@ def decode_unsupported(dtype, page_dtype, head_dim: int) -> str | None:
     consts = _ffi.constants()
     if np.dtype(dtype).name not in consts["kv_cache_cuda_dtypes"]:
         return f"the CUDA paged decode takes {consts['kv_cache_cuda_dtypes']} queries, not {np.dtype(dtype).name}"
-    if np.dtype(page_dtype) not in (np.dtype(dtype), np.dtype(jnp.float8_e4m3fn)):
+    if np.dtype(page_dtype) not in (np.dtype(dtype), FP8):
         return f"the CUDA paged decode reads pages of q's dtype or float8_e4m3fn, not {np.dtype(page_dtype).name}"
     if head_dim not in consts["kv_cache_cuda_decode_head_dims"]:
         return f"the CUDA paged decode supports head dims {consts['kv_cache_cuda_decode_head_dims']}, not {head_dim}"
